@@ -1,0 +1,59 @@
+# gpuprov: the two commands of the Quick start are `make demo` and `make test`.
+# Every target installs what it needs first (Debian packages, the virtualenv), so both work
+# on a fresh Debian 12 machine as root.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+# podman works on these machines only with the repo's settings; never the machine's /etc.
+export CONTAINERS_CONF := $(CURDIR)/gpuprov/lab/image/containers.conf
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PATH := $(BIN):$(PATH)
+
+LAB_INVENTORY := inventory/lab/hosts.yml
+
+.PHONY: help deps venv demo lab-up lab-down test test-unit test-lab lint clean
+
+help:
+	@echo "make demo   set everything up, bring up the 4-node lab, run site.yml on it"
+	@echo "make test   set everything up and run every test (unit, lint, lab)"
+	@echo "make lab-down   remove the demo lab"
+
+deps:
+	@bash scripts/install-system-deps.sh
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+venv: deps $(VENV)/.installed
+
+lab-up: venv
+	gpuprov lab up
+
+demo: lab-up
+	ansible-playbook -i $(LAB_INVENTORY) site.yml
+
+lab-down: venv
+	gpuprov lab down
+
+lint: venv
+	ruff check gpuprov tests plugins
+	ansible-lint
+
+test-unit: venv
+	pytest -m "not lab" tests
+
+test-lab: venv
+	pytest -m lab tests
+
+# One pytest run, so the summary line counts every test.
+test: venv lint
+	pytest tests
+
+clean: lab-down
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,5 @@
+import sys
+
+from gpuprov.cli import main
+
+sys.exit(main())

@@ -1,0 +1,250 @@
+"""Which NVIDIA driver branches each supported OS can install, and the branch for one node.
+
+Standard library only (used by the preflight Ansible plugin on the controller and shipped
+alongside hardware.py). choose_branch() returns a BranchChoice instead of raising, so the
+preflight role can fail the one host whose GPUs cannot be driven while the others go on.
+
+Sources (retrieved 2026-11-22):
+
+[debian] Debian archive (deb.debian.org), bookworm non-free/contrib: nvidia-driver and
+    nvidia-open-kernel-dkms 535.261.03-1; nvidia-tesla-535-driver 535.216.03-3~deb12u1;
+    nvidia-tesla-470-driver 470.256.02-1~deb12u1 (no open flavour: 470 predates production
+    open modules); bookworm-backports nvidia-driver 535.216.03-2~bpo12+1. trixie (Debian 13,
+    not a gpuprov OS yet) has 550.163.01. Checked with apt-cache policy against the archive.
+
+[ubuntu] Ubuntu archive, restricted: the `nvidia-driver-<branch>-server` and
+    `-server-open` packages that ubuntu-drivers installs on servers. NOT verified here:
+    archive.ubuntu.com is unreachable from the build machines; from Ubuntu's and NVIDIA's
+    documentation: jammy carries 470-server (Kepler's last), both releases 535/550/570/580.
+
+[cuda-rhel] NVIDIA CUDA repository for RHEL/Rocky 8 and 9 (developer.download.nvidia.com/
+    compute/cuda/repos/rhel{8,9}), dnf module `nvidia-driver` streams `<branch>-dkms` and
+    `<branch>-open`; NVIDIA Driver Installation Guide r580. From branch 590 NVIDIA replaced
+    branch-named packages and streams by version-locking ("pinning") packages, which this
+    table does not model yet. NOT verified here (NVIDIA's repositories are unreachable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from gpuprov.hardware import NVIDIA_VENDOR_ID, Classification, classify, parse_pci_id
+
+# NVIDIA's open kernel modules are production quality for datacenter GPUs from R515.
+OPEN_MODULES_MIN_BRANCH = 515
+
+
+@dataclasses.dataclass(frozen=True)
+class InstallableBranch:
+    branch: int
+    packages: str  # how the nvidia_driver role gets it on this OS
+    open_kernel_modules: bool  # an open-module flavour exists for this branch on this OS
+
+
+def _branches(*rows: tuple[int, str, bool]) -> tuple[InstallableBranch, ...]:
+    return tuple(InstallableBranch(*row) for row in rows)
+
+
+_UBUNTU_SERVER = "nvidia-driver-{b}-server / nvidia-headless-{b}-server[-open] (Ubuntu archive)"
+_RHEL_MODULE = "dnf module nvidia-driver:{b}-dkms / {b}-open (NVIDIA CUDA repository)"
+
+# (os id, major version) -> installable branches, oldest first.
+OS_BRANCHES: dict[tuple[str, str], tuple[InstallableBranch, ...]] = {
+    ("debian", "12"): _branches(
+        (470, "nvidia-tesla-470-* 470.256.02 (bookworm non-free)", False),
+        (535, "nvidia-driver 535.261.03 / nvidia-open-kernel-dkms (bookworm non-free, contrib)",
+         True),
+    ),
+    ("ubuntu", "22.04"): _branches(
+        (470, _UBUNTU_SERVER.format(b=470), False),
+        *((b, _UBUNTU_SERVER.format(b=b), True) for b in (535, 550, 570, 580)),
+    ),
+    ("ubuntu", "24.04"): _branches(
+        *((b, _UBUNTU_SERVER.format(b=b), True) for b in (535, 550, 570, 580)),
+    ),
+    ("rhel", "8"): _branches(
+        (470, "dnf module nvidia-driver:470-dkms (NVIDIA CUDA repository)", False),
+        *((b, _RHEL_MODULE.format(b=b), True) for b in (535, 550, 570, 575, 580)),
+    ),
+    ("rhel", "9"): _branches(
+        *((b, _RHEL_MODULE.format(b=b), True) for b in (535, 550, 570, 575, 580)),
+    ),
+}
+
+# Ansible's ansible_distribution / os-release ID -> the key above.
+_OS_ALIASES = {"debian": "debian", "ubuntu": "ubuntu", "rhel": "rhel", "redhat": "rhel",
+               "rocky": "rhel"}
+
+
+def normalise_os(os_id: str, os_version: str) -> tuple[str, str]:
+    """('Rocky', '9.4') -> ('rhel', '9'); ('Debian', '12.7') -> ('debian', '12')."""
+    family = _OS_ALIASES.get(os_id.strip().lower().replace(" ", ""), os_id.strip().lower())
+    version = str(os_version).strip()
+    if family != "ubuntu":
+        version = version.split(".")[0]
+    return family, version
+
+
+def installable_branches(os_id: str, os_version: str) -> tuple[InstallableBranch, ...]:
+    """Branches for the OS, oldest first; empty when gpuprov does not support the OS."""
+    return OS_BRANCHES.get(normalise_os(os_id, os_version), ())
+
+
+def supported_os_names() -> str:
+    return ", ".join(f"{os_id} {version}" for os_id, version in OS_BRANCHES)
+
+
+@dataclasses.dataclass(frozen=True)
+class BranchChoice:
+    """The driver branch for one node, or why there is none (branch None, ok False)."""
+
+    ok: bool
+    branch: int | None
+    reason: str  # one line: why this branch, or what is wrong and what to do
+    os: str
+    gpus: tuple[Classification, ...] = ()
+    notes: tuple[str, ...] = ()  # per-GPU and per-decision remarks
+    open_kernel_modules: bool = False  # every GPU and the branch on this OS support them
+    open_kernel_modules_required: bool = False  # some GPU works only with them
+    packages: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "branch": self.branch,
+            "reason": self.reason,
+            "os": self.os,
+            "open_kernel_modules": self.open_kernel_modules,
+            "open_kernel_modules_required": self.open_kernel_modules_required,
+            "packages": self.packages,
+            "notes": list(self.notes),
+            "gpus": [gpu.to_dict() for gpu in self.gpus],
+        }
+
+
+def _label(gpu: Classification) -> str:
+    return f"{gpu.name} ({gpu.pci_id})" if gpu.name else gpu.pci_id
+
+
+def _pinned(value: int | str | None) -> int | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        return int(str(value).strip().split(".")[0])
+    except ValueError:
+        raise ValueError(f"pinned driver branch {value!r} is not a number like 535") from None
+
+
+def choose_branch(
+    pci_ids: Iterable[str],
+    os_id: str,
+    os_version: str,
+    pinned_branch: int | str | None = None,
+) -> BranchChoice:
+    """Pick the node's driver branch: the pinned one if it drives every GPU and the OS can
+    install it, else the newest installable branch that drives them all.
+
+    pci_ids are the node's PCI IDs ("10de:15f8"); devices of other vendors (a server's BMC
+    VGA, say) are ignored. Raises ValueError (hardware.InvalidPciId) only for text that is
+    not a PCI ID, or a pinned branch that is not a number.
+    """
+    pin = _pinned(pinned_branch)
+    family, version = normalise_os(os_id, os_version)
+    os_name = f"{family} {version}"
+    gpus = tuple(
+        classify(pci_id)
+        for pci_id in pci_ids
+        if parse_pci_id(pci_id)[0] == NVIDIA_VENDOR_ID
+    )
+    if not gpus:
+        return BranchChoice(ok=True, branch=None, reason="no NVIDIA GPU", os=os_name)
+
+    def fail(reason: str, notes: tuple[str, ...] = ()) -> BranchChoice:
+        return BranchChoice(ok=False, branch=None, reason=reason, os=os_name, gpus=gpus,
+                            notes=notes)
+
+    offered = OS_BRANCHES.get((family, version))
+    if offered is None:
+        return fail(f"{os_id} {os_version} is not supported: gpuprov installs drivers on "
+                    f"{supported_os_names()}; reinstall the node with one of them")
+
+    legacy = [g for g in gpus if g.status == "legacy"]
+    if legacy:
+        names = ", ".join(_label(g) for g in legacy)
+        return fail(f"{names}: legacy GPU served only by driver branch "
+                    f"{legacy[0].max_branch}.xx, which current kernels cannot build; "
+                    "remove it from the node (no supported OS can drive it)")
+
+    unknown = [g for g in gpus if g.status == "unknown"]
+    known = [g for g in gpus if g.status == "supported"]
+    notes = [f"{_label(g)}: unknown to gpuprov's hardware table, support not checked"
+             for g in unknown]
+    open_required = any(g.model is not None and g.model.open_kernel_modules_required
+                        for g in known)
+
+    lowest_gpu = max(known, key=lambda g: g.min_branch or 0, default=None)
+    capped = [g for g in known if g.max_branch is not None]
+    highest_gpu = min(capped, key=lambda g: g.max_branch or 0, default=None)
+    if lowest_gpu and highest_gpu and lowest_gpu.min_branch > highest_gpu.max_branch:
+        return fail(
+            f"{_label(highest_gpu)} needs branch <= {highest_gpu.max_branch} and "
+            f"{_label(lowest_gpu)} needs >= {lowest_gpu.min_branch}: no single driver branch "
+            "drives both; split these GPUs across nodes", tuple(notes))
+
+    def drives_all(candidate: InstallableBranch) -> bool:
+        if open_required and not candidate.open_kernel_modules:
+            return False
+        return all(g.supports_branch(candidate.branch) for g in known)
+
+    fitting = [b for b in offered if drives_all(b)]
+    by_branch = {b.branch: b for b in offered}
+
+    if unknown and pin is None:
+        return fail(f"{', '.join(_label(g) for g in unknown)}: unknown GPU, gpuprov cannot "
+                    "tell which driver branch supports it; pin one NVIDIA lists for it "
+                    "(nvidia_driver_branch)", tuple(notes))
+
+    chosen: InstallableBranch | None = None
+    if pin is not None:
+        pinned = by_branch.get(pin)
+        if pinned is not None and drives_all(pinned):
+            chosen = pinned
+            reason = f"pinned branch {pin} drives every GPU and installs on {os_name}"
+        elif pinned is None:
+            notes.append(f"pinned branch {pin} is not installable on {os_name} "
+                         f"(offered: {', '.join(str(b.branch) for b in offered)})")
+        else:
+            notes.extend(f"pinned branch {pin} does not support {_label(g)} "
+                         f"(branches {g.min_branch}-{g.max_branch or 'current'})"
+                         for g in known if not g.supports_branch(pin))
+            if open_required and not pinned.open_kernel_modules:
+                notes.append(f"pinned branch {pin} has no open kernel modules on {os_name}")
+    if chosen is None:
+        if not fitting:
+            return fail(_nothing_fits(known, offered, os_name, open_required), tuple(notes))
+        chosen = fitting[-1]
+        reason = (f"newest branch installable on {os_name} that drives every GPU"
+                  + (f" (pinned {pin} cannot be used)" if pin is not None else ""))
+
+    open_ok = (chosen.open_kernel_modules and chosen.branch >= OPEN_MODULES_MIN_BRANCH
+               and all(g.open_kernel_modules for g in known) and not unknown)
+    return BranchChoice(ok=True, branch=chosen.branch, reason=reason, os=os_name, gpus=gpus,
+                        notes=tuple(notes), open_kernel_modules=open_ok,
+                        open_kernel_modules_required=open_required, packages=chosen.packages)
+
+
+def _nothing_fits(known: list[Classification], offered: tuple[InstallableBranch, ...],
+                  os_name: str, open_required: bool) -> str:
+    lo = max(g.min_branch or 0 for g in known)
+    caps = [g.max_branch for g in known if g.max_branch is not None]
+    wanted = f"{lo}-{min(caps)}" if caps else f">= {lo}"
+    elsewhere = [f"{os_id} {version}" for (os_id, version), branches in OS_BRANCHES.items()
+                 if any(all(g.supports_branch(b.branch) for g in known)
+                        and (b.open_kernel_modules or not open_required) for b in branches)]
+    hint = (f"use an OS that offers one ({', '.join(elsewhere)})" if elsewhere
+            else "no OS gpuprov supports offers one yet")
+    return (f"the GPUs need driver branch {wanted}"
+            + (" with open kernel modules" if open_required else "")
+            + f" but {os_name} offers {', '.join(str(b.branch) for b in offered)}; {hint}")

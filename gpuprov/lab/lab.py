@@ -1,0 +1,348 @@
+"""The lab: several Debian 12 nodes on one machine, with simulated GPUs, reachable over SSH.
+
+Each node is a podman container with systemd as PID 1 and sshd published on
+127.0.0.1:<port> (test traffic never goes to container bridge addresses). A node's
+simulated hardware (see SIMULATION.md) lives in the lab directory on the host and is
+bind-mounted in, so `gpuprov lab fault` changes it without touching the container.
+
+Lab directory layout (default ./.lab, git-ignored):
+    lab.json                     what `lab up` created: the only record `lab down` trusts
+    ssh/id_ed25519[.pub]         the admin key the nodes accept
+    ssh/known_hosts              every node's host key: host key checking stays on
+    nvml/libnvidia-ml.so.1       the simulated NVML (built from lab/nvml/simnvml.c)
+    nodes/<node>/pci             simulated /sys/bus/pci/devices
+    nodes/<node>/sim             simulated NVML configuration and fault switches (GPU nodes)
+    nodes/<node>/ssh_host_ed25519_key[.pub]
+    apt-archives/<node>/         not removed by `lab down`: downloaded .debs survive rebuilds
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import logging
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from gpuprov.errors import GpuprovError
+from gpuprov.lab import image, podman, profiles, simhw
+
+log = logging.getLogger(__name__)
+
+LABEL = "io.gpuprov.lab"
+STATE_FILE = "lab.json"
+INVENTORY = Path("inventory") / "lab" / "hosts.yml"
+SSH_READY_TIMEOUT = 90.0
+
+# Variables the lab sets in its inventory because a container is not a server. Each one is a
+# setting real sites may use too; there are no lab-only code paths in the roles.
+LAB_OVERRIDES: dict[str, object] = {}
+
+
+@dataclass
+class Node:
+    name: str
+    profile: str
+    container: str
+    ssh_port: int = 0
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(profiles.NODE_PROFILES[self.profile].gpus)
+
+
+@dataclass
+class LabState:
+    lab_id: str
+    image: str
+    nodes: list[Node] = field(default_factory=list)
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        names = ", ".join(n.name for n in self.nodes)
+        raise GpuprovError(f"no lab node named {name!r}; the lab has: {names}")
+
+
+class Lab:
+    def __init__(self, project_dir: Path, lab_dir: Path | None = None) -> None:
+        self.project_dir = project_dir.resolve()
+        self.dir = (lab_dir or self.project_dir / ".lab").resolve()
+        # Containers carry an id derived from the lab directory, so two checkouts on one
+        # machine (a developer's and CI's) never touch each other's nodes.
+        self.lab_id = hashlib.sha256(str(self.dir).encode()).hexdigest()[:8]
+
+    # -- paths -------------------------------------------------------------------------
+    @property
+    def inventory_path(self) -> Path:
+        return self.project_dir / INVENTORY
+
+    @property
+    def key_path(self) -> Path:
+        return self.dir / "ssh" / "id_ed25519"
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.dir / "ssh" / "known_hosts"
+
+    def node_dir(self, name: str) -> Path:
+        return self.dir / "nodes" / name
+
+    # -- state ---------------------------------------------------------------------------
+    def load(self) -> LabState | None:
+        path = self.dir / STATE_FILE
+        if not path.exists():
+            return None
+        raw = json.loads(path.read_text())
+        return LabState(raw["lab_id"], raw["image"], [Node(**n) for n in raw["nodes"]])
+
+    def require(self) -> LabState:
+        state = self.load()
+        if state is None:
+            raise GpuprovError(f"no lab in {self.dir}: run `gpuprov lab up` first")
+        return state
+
+    def _save(self, state: LabState) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(asdict(state), indent=2) + "\n")
+        tmp.replace(self.dir / STATE_FILE)
+
+    # -- up ------------------------------------------------------------------------------
+    def up(self, node_specs: list[str] | None = None) -> LabState:
+        existing = self.load()
+        wanted = plan_nodes(node_specs or profiles.DEFAULT_LAB)
+        if existing is not None:
+            have = [(n.name, n.profile) for n in existing.nodes]
+            if node_specs and have != wanted:
+                raise GpuprovError(
+                    "a lab with other nodes is already up ("
+                    + ", ".join(n for n, _ in have)
+                    + "): run `gpuprov lab down` first"
+                )
+            wanted = have
+        ref = image.ensure_node_image()
+        self._ensure_ssh_key()
+        library = simhw.build_nvml_library(self.dir / "nvml")
+        state = LabState(
+            self.lab_id,
+            ref,
+            [Node(name, prof, f"gpuprov-{self.lab_id}-{name}") for name, prof in wanted],
+        )
+        self._save(state)  # before starting anything: `lab down` can clean a half-made lab
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(state.nodes)) as pool:
+            ports = list(pool.map(lambda n: self._start_node(n, ref, library), state.nodes))
+        for node, port in zip(state.nodes, ports, strict=True):
+            node.ssh_port = port
+        self._save(state)
+        self._write_known_hosts(state)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(state.nodes)) as pool:
+            list(pool.map(self._wait_for_ssh, state.nodes))
+        self._write_inventory(state)
+        return state
+
+    def _ensure_ssh_key(self) -> None:
+        if not self.key_path.exists():
+            self.key_path.parent.mkdir(parents=True, exist_ok=True)
+            _ssh_keygen(self.key_path, "gpuprov-lab-admin")
+
+    def _start_node(self, node: Node, ref: str, library: Path) -> int:
+        status = _container_status(node.container)
+        if status is None:
+            self._create_node(node, ref, library)
+        elif status != "running":
+            podman.podman("start", node.container)
+        port = podman.output("port", node.container, "22/tcp")
+        return int(port.rsplit(":", 1)[1])
+
+    def _create_node(self, node: Node, ref: str, library: Path) -> None:
+        ndir = self.node_dir(node.name)
+        if ndir.exists():
+            shutil.rmtree(ndir)
+        ndir.mkdir(parents=True)
+        simhw.write_node_state(ndir, node.name, profiles.NODE_PROFILES[node.profile])
+        hostkey = ndir / "ssh_host_ed25519_key"
+        _ssh_keygen(hostkey, f"root@{node.name}")
+        apt_cache = self.dir / "apt-archives" / node.name
+        (apt_cache / "partial").mkdir(parents=True, exist_ok=True)
+        mounts = {
+            ndir / "pci": "/sys/bus/pci/devices",
+            self.key_path.with_suffix(".pub"): "/root/.ssh/authorized_keys",
+            hostkey: "/etc/ssh/ssh_host_ed25519_key",
+            hostkey.with_suffix(".pub"): "/etc/ssh/ssh_host_ed25519_key.pub",
+        }
+        if node.has_gpu:
+            mounts[ndir / "sim"] = "/etc/gpuprov-sim"
+            mounts[library.parent] = "/opt/gpuprov-sim/lib"
+        args = [
+            "run", "--detach", "--name", node.container, "--hostname", node.name,
+            "--label", f"{LABEL}={self.lab_id}", "--systemd=always",
+            "--publish", "127.0.0.1::22",
+        ]
+        for src, dst in mounts.items():
+            args += ["--volume", f"{src}:{dst}:ro"]
+        # Downloaded packages outlive the lab, so rebuilding it does not download them again.
+        args += ["--volume", f"{apt_cache}:/var/cache/apt/archives"]
+        podman.podman(*args, ref, "/sbin/init")
+
+    def _write_known_hosts(self, state: LabState) -> None:
+        lines = []
+        for node in state.nodes:
+            key = (self.node_dir(node.name) / "ssh_host_ed25519_key.pub").read_text().split()
+            lines.append(f"[127.0.0.1]:{node.ssh_port} {key[0]} {key[1]}")
+        self.known_hosts_path.write_text("\n".join(lines) + "\n")
+
+    def ssh_command(self, node: Node, *remote: str) -> list[str]:
+        return [
+            "ssh", "-i", str(self.key_path), "-p", str(node.ssh_port),
+            "-o", f"UserKnownHostsFile={self.known_hosts_path}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+            "-o", "ConnectTimeout=5", "root@127.0.0.1", *remote,
+        ]
+
+    def _wait_for_ssh(self, node: Node) -> None:
+        deadline = time.monotonic() + SSH_READY_TIMEOUT
+        last = ""
+        while time.monotonic() < deadline:
+            proc = subprocess.run(
+                self.ssh_command(node, "true"), capture_output=True, timeout=15, check=False
+            )
+            if proc.returncode == 0:
+                return
+            last = proc.stderr.decode(errors="replace").strip().splitlines()[-1:]
+            time.sleep(0.3)
+        raise GpuprovError(
+            f"lab node {node.name} did not answer SSH on 127.0.0.1:{node.ssh_port} within "
+            f"{SSH_READY_TIMEOUT:.0f} s ({' '.join(last)}); see `podman logs {node.container}`"
+        )
+
+    def _write_inventory(self, state: LabState) -> None:
+        def hosts(gpu: bool) -> dict:
+            return {
+                n.name: {"ansible_port": n.ssh_port} for n in state.nodes if n.has_gpu is gpu
+            }
+
+        doc = {
+            "all": {
+                "vars": {
+                    "ansible_host": "127.0.0.1",
+                    "ansible_user": "root",
+                    "ansible_ssh_private_key_file": str(self.key_path),
+                    # Host keys are checked, against the keys the lab generated.
+                    "ansible_ssh_common_args": (
+                        f"-o UserKnownHostsFile={self.known_hosts_path} "
+                        "-o StrictHostKeyChecking=yes"
+                    ),
+                    "ansible_python_interpreter": "/usr/bin/python3",
+                    "gpuprov_lab": True,
+                    **LAB_OVERRIDES,
+                },
+                "children": {
+                    "k8s_cluster": {
+                        "children": {
+                            "gpu_nodes": {"hosts": hosts(True)},
+                            "cpu_nodes": {"hosts": hosts(False)},
+                        }
+                    }
+                },
+            }
+        }
+        self.inventory_path.parent.mkdir(parents=True, exist_ok=True)
+        header = (
+            "# Written by `gpuprov lab up` for this lab; rewritten on every `lab up`,\n"
+            "# removed by `lab down`. Not tracked by git.\n"
+        )
+        self.inventory_path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
+
+    # -- down ----------------------------------------------------------------------------
+    def down(self) -> list[str]:
+        """Remove this lab's containers and files; keep images and downloaded packages."""
+        out = podman.output("ps", "--all", "--filter", f"label={LABEL}={self.lab_id}",
+                            "--format", "{{.Names}}")
+        names = [n for n in out.splitlines() if n]
+        if names:
+            podman.podman("rm", "--force", "--time", "0", *names)
+        for path in (self.dir / "nodes", self.dir / "ssh", self.dir / "nvml"):
+            shutil.rmtree(path, ignore_errors=True)
+        (self.dir / STATE_FILE).unlink(missing_ok=True)
+        self.inventory_path.unlink(missing_ok=True)
+        return names
+
+    # -- status and faults ---------------------------------------------------------------
+    def status(self) -> dict:
+        state = self.load()
+        if state is None:
+            return {"lab_dir": str(self.dir), "up": False, "nodes": []}
+        nodes = []
+        for node in state.nodes:
+            ndir = self.node_dir(node.name)
+            nodes.append({
+                "name": node.name,
+                "profile": node.profile,
+                "container": node.container,
+                "state": _container_status(node.container) or "missing",
+                "ssh": f"127.0.0.1:{node.ssh_port}",
+                "gpus": len(profiles.NODE_PROFILES[node.profile].gpus),
+                "faults": simhw.active_faults(ndir) if node.has_gpu else [],
+            })
+        return {
+            "lab_dir": str(self.dir),
+            "up": True,
+            "image": state.image,
+            "inventory": str(self.inventory_path),
+            "nodes": nodes,
+        }
+
+    def fault(self, node_name: str, fault: str, clear: bool = False,
+              gpu_index: int | None = None) -> list[str]:
+        node = self.require().node(node_name)
+        ndir = self.node_dir(node.name)
+        if clear:
+            simhw.clear_fault(ndir, fault)
+        else:
+            simhw.set_fault(ndir, fault, gpu_index=gpu_index)
+        return simhw.active_faults(ndir)
+
+
+def plan_nodes(specs: list[str]) -> list[tuple[str, str]]:
+    """`gpu-pascal` or `name=gpu-pascal` -> (node name, profile); repeats get -2, -3 ..."""
+    plan: list[tuple[str, str]] = []
+    seen: dict[str, int] = {}
+    for spec in specs:
+        name, _, prof = spec.strip().partition("=")
+        if not prof:
+            name, prof = "", name
+        if prof not in profiles.NODE_PROFILES:
+            known = ", ".join(sorted(profiles.NODE_PROFILES))
+            raise GpuprovError(f"unknown lab node profile {prof!r}; known profiles: {known}")
+        if not name:
+            seen[prof] = seen.get(prof, 0) + 1
+            name = prof if seen[prof] == 1 else f"{prof}-{seen[prof]}"
+        if any(name == n for n, _ in plan):
+            raise GpuprovError(f"lab node name {name!r} given twice in --nodes")
+        plan.append((name, prof))
+    if not plan:
+        raise GpuprovError("--nodes is empty: give at least one profile, e.g. --nodes gpu-pascal")
+    return plan
+
+
+def _container_status(name: str) -> str | None:
+    proc = podman.podman("container", "inspect", "--format", "{{.State.Status}}", name,
+                         check=False)
+    return proc.stdout.decode().strip() if proc.returncode == 0 else None
+
+
+def _ssh_keygen(path: Path, comment: str) -> None:
+    path.unlink(missing_ok=True)
+    path.with_suffix(".pub").unlink(missing_ok=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+    )

@@ -1,0 +1,137 @@
+"""Driver branch choice per node: pinned, fallback, impossible mixes, OS support."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuprov import driver_branches
+from gpuprov.driver_branches import choose_branch
+
+K80, P100, H100, H200, B200, GRID_K2 = (
+    "10de:102d", "10de:15f8", "10de:2330", "10de:2335", "10de:2901", "10de:11bf"
+)
+BMC_VGA = "102b:0522"  # Matrox G200eR on a server's BMC: not a GPU gpuprov drives
+
+
+@pytest.mark.parametrize(
+    ("gpus", "branch"),
+    [([K80, K80], 470), ([P100] * 4, 535), ([H100] * 8, 535), ([P100, H100], 535)],
+    ids=["gpu-kepler", "gpu-pascal", "gpu-hopper", "pascal+hopper"],
+)
+def test_lab_profiles_on_debian_12(gpus: list[str], branch: int) -> None:
+    choice = choose_branch(gpus, "Debian", "12")
+    assert (choice.ok, choice.branch) == (True, branch)
+    assert "newest branch installable on debian 12" in choice.reason
+    assert len(choice.gpus) == len(gpus)
+
+
+def test_pinned_branch_that_supports_every_gpu_is_used() -> None:
+    choice = choose_branch([H100], "Ubuntu", "22.04", pinned_branch="535")
+    assert (choice.ok, choice.branch) == (True, 535)
+    assert choice.reason.startswith("pinned branch 535")
+
+
+def test_pinned_branch_that_misses_a_gpu_falls_back_with_reason() -> None:
+    choice = choose_branch([H100], "Debian", "12", pinned_branch=470)
+    assert (choice.ok, choice.branch) == (True, 535)
+    assert "pinned 470 cannot be used" in choice.reason
+    assert any("does not support NVIDIA H100 80GB HBM3" in note for note in choice.notes)
+
+
+def test_pinned_branch_not_offered_by_the_os_falls_back() -> None:
+    choice = choose_branch([P100], "Debian", "12", pinned_branch=580)
+    assert (choice.ok, choice.branch) == (True, 535)
+    assert any("not installable on debian 12" in note for note in choice.notes)
+
+
+def test_kepler_and_hopper_cannot_share_a_node() -> None:
+    choice = choose_branch([K80, H100], "Debian", "12")
+    assert (choice.ok, choice.branch) == (False, None)
+    assert choice.reason == (
+        "Tesla K80 (10de:102d) needs branch <= 470 and NVIDIA H100 80GB HBM3 (10de:2330) "
+        "needs >= 535: no single driver branch drives both; split these GPUs across nodes"
+    )
+
+
+def test_gpu_newer_than_the_os_offers_says_where_to_go() -> None:
+    choice = choose_branch([H200], "Debian", "12")
+    assert not choice.ok
+    assert "need driver branch >= 550 but debian 12 offers 470, 535" in choice.reason
+    assert "ubuntu 24.04" in choice.reason
+
+
+def test_kepler_on_rhel_9_has_no_branch() -> None:
+    choice = choose_branch([K80], "Rocky", "9.4")
+    assert not choice.ok and choice.os == "rhel 9"
+    assert "rhel 8" in choice.reason
+
+
+def test_blackwell_gets_open_modules() -> None:
+    choice = choose_branch([B200] * 8, "Ubuntu", "24.04")
+    assert (choice.ok, choice.branch) == (True, 580)
+    assert choice.open_kernel_modules and choice.open_kernel_modules_required
+
+
+def test_pre_turing_gets_proprietary_modules() -> None:
+    choice = choose_branch([P100], "Ubuntu", "24.04")
+    assert choice.branch == 580 and not choice.open_kernel_modules
+
+
+def test_legacy_gpu_fails_the_node() -> None:
+    choice = choose_branch([GRID_K2], "Ubuntu", "22.04")
+    assert not choice.ok
+    assert "GRID K2 (10de:11bf): legacy GPU served only by driver branch 340.xx" in choice.reason
+
+
+@pytest.mark.parametrize("pci_ids", [[], [BMC_VGA]], ids=["no-devices", "bmc-vga-only"])
+def test_cpu_only_node(pci_ids: list[str]) -> None:
+    choice = choose_branch(pci_ids, "Debian", "12")
+    assert (choice.ok, choice.branch, choice.reason) == (True, None, "no NVIDIA GPU")
+
+
+def test_other_vendors_are_ignored_beside_gpus() -> None:
+    assert choose_branch([BMC_VGA, P100], "Debian", "12").branch == 535
+
+
+@pytest.mark.parametrize(("os_id", "version"), [("Fedora", "40"), ("Debian", "11"),
+                                                ("Ubuntu", "20.04")])
+def test_unsupported_os(os_id: str, version: str) -> None:
+    choice = choose_branch([P100], os_id, version)
+    assert not choice.ok
+    assert choice.reason.startswith(f"{os_id} {version} is not supported")
+    assert "debian 12" in choice.reason
+
+
+def test_unknown_gpu_needs_a_pin() -> None:
+    unpinned = choose_branch(["10de:ffff"], "Debian", "12")
+    assert not unpinned.ok and "pin one NVIDIA lists" in unpinned.reason
+    pinned = choose_branch(["10de:ffff"], "Debian", "12", pinned_branch=535)
+    assert (pinned.ok, pinned.branch) == (True, 535)
+    assert any("support not checked" in note for note in pinned.notes)
+
+
+def test_bad_input_raises_value_error() -> None:
+    with pytest.raises(ValueError, match="not a PCI ID"):
+        choose_branch(["xyz"], "Debian", "12")
+    with pytest.raises(ValueError, match="not a number"):
+        choose_branch([P100], "Debian", "12", pinned_branch="latest")
+
+
+def test_to_dict_is_json_ready() -> None:
+    import json
+
+    doc = choose_branch([P100, P100], "Debian", "12.7").to_dict()
+    assert json.loads(json.dumps(doc)) == doc
+    assert (doc["ok"], doc["branch"], doc["os"]) == (True, 535, "debian 12")
+    assert [gpu["series"] for gpu in doc["gpus"]] == ["p100", "p100"]
+
+
+def test_os_normalisation_and_table() -> None:
+    assert driver_branches.normalise_os("RedHat", "8.10") == ("rhel", "8")
+    assert driver_branches.normalise_os("Ubuntu", "24.04") == ("ubuntu", "24.04")
+    debian = [b.branch for b in driver_branches.installable_branches("debian", "12")]
+    assert debian == [470, 535]
+    assert driver_branches.installable_branches("debian", "13") == ()
+    for branches in driver_branches.OS_BRANCHES.values():
+        numbers = [b.branch for b in branches]
+        assert numbers == sorted(set(numbers))
