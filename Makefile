@@ -42,7 +42,8 @@ lab-down: venv
 	gpuprov lab down
 
 lint: venv
-	ruff check gpuprov tests plugins
+	ruff check gpuprov tests plugins bench
+	yamllint -s .
 	ansible-lint
 
 test-unit: venv

@@ -25,7 +25,7 @@ class SshTarget:
 
 
 def connect(target: SshTarget, timeout: float = 10.0) -> fabric.Connection:
-    connect_kwargs: dict = {"timeout": timeout, "banner_timeout": timeout,
+    connect_kwargs: dict = {"banner_timeout": timeout,
                             "auth_timeout": timeout}
     if target.key_file:
         connect_kwargs["key_filename"] = target.key_file

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,3 +21,9 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if lab_dir in Path(item.fspath).parents:
             item.add_marker(pytest.mark.lab)
+
+
+@pytest.fixture(scope="session")
+def tool():
+    """Path of a console script installed next to the running Python (the project's venv)."""
+    return lambda name: str(Path(sys.executable).parent / name)

@@ -61,5 +61,5 @@ def clean_faults(lab):
     yield
     for node in lab.status()["nodes"]:
         for fault in node["faults"]:
-            lab.fault(node["name"], fault, clear=True)
+            lab.fault(node["name"], fault.split(":")[0], clear=True)
 

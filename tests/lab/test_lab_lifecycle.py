@@ -58,9 +58,9 @@ def test_inventory_groups_and_connection(lab, lab_state):
     assert str(lab.known_hosts_path) in common
 
 
-def test_ansible_reaches_every_node(lab, repo_root):
+def test_ansible_reaches_every_node(lab, repo_root, tool):
     proc = subprocess.run(
-        ["ansible", "-i", str(lab.inventory_path), "all", "-m", "ansible.builtin.ping", "-o"],
+        [tool("ansible"), "-i", str(lab.inventory_path), "all", "-m", "ansible.builtin.ping", "-o"],
         capture_output=True, text=True, cwd=repo_root, timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,76 @@
+"""SIMULATION: the fault switches of the lab's simulated GPU hardware.
+
+One registry of every fault `gpuprov lab fault NODE FAULT` accepts. The NVML faults below
+are implemented by the simulated NVML library (lab/nvml/simnvml.c), which reads the
+node's `faults` file at every nvmlInit; their names are the contract between the two.
+Faults that later parts of the lab implement (the Kubernetes emulator's) are added here
+with their own `layer`, so `lab fault`, `lab status` and the docs list them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuprov.errors import GpuprovError
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    description: str
+    per_gpu: bool  # hits one GPU (index given with --gpu, default 0) or the whole node
+    layer: str = "nvml"  # which simulation implements it
+    needs_gpu: bool = True  # refused on nodes without GPUs
+
+
+DEFAULT_GPU_INDEX = 0
+
+FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        Fault(
+            "nvml-init-fail",
+            "nvmlInit fails with NVML_ERROR_DRIVER_NOT_LOADED (9), as when the kernel module "
+            "is not loaded",
+            per_gpu=False,
+        ),
+        Fault(
+            "version-mismatch",
+            "nvmlInit fails with NVML_ERROR_LIB_RM_VERSION_MISMATCH (18): user-space library "
+            "and kernel module versions differ (\"Driver/library version mismatch\")",
+            per_gpu=False,
+        ),
+        Fault(
+            "gpu-lost",
+            "one GPU fell off the bus: still counted by nvmlDeviceGetCount and still on PCI, "
+            "but getting its handle fails with NVML_ERROR_GPU_IS_LOST (15)",
+            per_gpu=True,
+        ),
+        Fault(
+            "ecc-uncorrectable",
+            "one GPU has uncorrectable (double-bit) ECC errors in device memory: volatile and "
+            "aggregate uncorrected counters > 0",
+            per_gpu=True,
+        ),
+        Fault(
+            "row-remap-pending",
+            "one GPU needs a reset to finish memory repair: Ampere and newer report a pending "
+            "row remap, older GPUs a page pending retirement",
+            per_gpu=True,
+        ),
+        Fault(
+            "hot-gpu",
+            "one GPU runs above its slowdown temperature, with the SW and HW thermal slowdown "
+            "clock event reasons set",
+            per_gpu=True,
+        ),
+    )
+}
+
+
+def get(name: str) -> Fault:
+    try:
+        return FAULTS[name]
+    except KeyError:
+        known = ", ".join(FAULTS)
+        raise GpuprovError(f"unknown fault {name!r}; known faults: {known}") from None

@@ -1,0 +1,1184 @@
+/*
+ * SIMULATION: a stand-in for NVIDIA's libnvidia-ml.so.1 (NVML) for the gpuprov lab.
+ *
+ * The lab's nodes have no GPU, no kernel module and no /dev/nvidia*. This library answers
+ * the part of the NVML C API that gpuprov uses (through pynvml, unchanged) from a plain
+ * text description of the node's GPUs, so code under test runs its production path.
+ * What it does not do is listed in gpuprov/lab/SIMULATION.md. Functions that are not
+ * here do not exist, as in an older driver: pynvml raises NVMLError_FunctionNotFound.
+ *
+ * Configuration, re-read at every nvmlInit, in $GPUPROV_SIM_DIR (default /etc/gpuprov-sim):
+ *   nvml.conf  "key = value" lines; global keys first, then one "[gpu]" section per GPU in
+ *              NVML index order (written by gpuprov/lab/simhw.py; keys listed in GLOBAL_KEYS
+ *              and parse_gpu_key below). No nvml.conf: nvmlInit says the driver is not loaded.
+ *   faults     one "name [gpu-index]" per line (registry: gpuprov/lab/faults.py).
+ * Environment: NVIDIA_VISIBLE_DEVICES filters and re-indexes GPUs as a container given
+ * those GPUs by the NVIDIA container toolkit would see them.
+ *
+ * Build: gcc -shared -fPIC -O2 -Wall -Wextra -Werror -Wl,-soname,libnvidia-ml.so.1
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <glob.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/types.h>
+
+/* ---- NVML ABI (values and layouts as in nvml.h) --------------------------------------- */
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+typedef struct sim_gpu *nvmlDevice_t;
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+#define NVML_STRUCT_VERSION(size, ver) ((unsigned int)(size) | ((unsigned int)(ver) << 24))
+#define nvmlMemory_v2 NVML_STRUCT_VERSION(sizeof(nvmlMemory_v2_t), 2)
+
+typedef struct {
+    unsigned int version;
+    unsigned int sensorType;
+    int temperature;
+} nvmlTemperature_v1_t;
+#define nvmlTemperature_v1 NVML_STRUCT_VERSION(sizeof(nvmlTemperature_v1_t), 1)
+
+typedef struct {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t; /* nvmlProcessInfo_v2_t, used by the _v2 and _v3 calls */
+
+#define NVML_TEMPERATURE_GPU 0
+#define NVML_TEMPERATURE_THRESHOLD_SHUTDOWN 0
+#define NVML_TEMPERATURE_THRESHOLD_SLOWDOWN 1
+#define NVML_TEMPERATURE_THRESHOLD_GPU_MAX 3
+#define NVML_MEMORY_ERROR_TYPE_UNCORRECTED 1
+#define NVML_MEMORY_ERROR_TYPE_COUNT 2
+#define NVML_ECC_COUNTER_TYPE_COUNT 2
+#define NVML_MEMORY_LOCATION_DEVICE_MEMORY 2
+#define NVML_MEMORY_LOCATION_COUNT 8
+#define NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR 1
+#define NVML_PAGE_RETIREMENT_CAUSE_COUNT 2
+#define NVML_VALUE_NOT_AVAILABLE_UINT 0xFFFFFFFFu
+
+#define REASON_GPU_IDLE 0x1ULL
+#define REASON_HW_SLOWDOWN 0x8ULL
+#define REASON_SW_THERMAL 0x20ULL
+#define REASON_HW_THERMAL 0x40ULL
+#define REASONS_SUPPORTED 0x1FFULL /* idle ... display clock setting */
+
+/* ---- the simulated node --------------------------------------------------------------- */
+#define MAX_GPUS 16
+#define MAX_PROCS 32
+#define MAX_BRANCHES 32
+#define LINE_MAX_LEN 512
+#define HOT_ABOVE_SLOWDOWN 3                       /* degrees C */
+#define RETIRED_PAGE_ADDRESS 0x000000000004a1c3ULL /* any page-aligned frame number */
+#define RETIRED_PAGE_TIMESTAMP 1767225600ULL       /* 2026-01-01T00:00:00Z */
+
+struct sim_proc {
+    unsigned int pid;
+    unsigned long long used;
+};
+
+struct sim_gpu {
+    char name[96];
+    char uuid[96];
+    char serial[32];
+    unsigned int domain, bus, device;
+    unsigned int pci_device_id, pci_subsystem_id;
+    unsigned long long memory_total, memory_used;
+    int cc_major, cc_minor;
+    unsigned int architecture, brand, minor_number;
+    unsigned int pcie_max_gen, pcie_max_width, pcie_curr_gen, pcie_curr_width;
+    unsigned int power_limit_mw, power_usage_mw;
+    unsigned int temperature, temp_shutdown, temp_slowdown, temp_gpu_max;
+    int has_temp_gpu_max;
+    unsigned int utilization_gpu, utilization_memory;
+    int ecc, row_remapping;
+    unsigned int nprocs;
+    struct sim_proc procs[MAX_PROCS];
+    /* faults */
+    int lost, ecc_uncorrectable, remap_pending, hot;
+    /* NVIDIA_VISIBLE_DEVICES */
+    int visible;
+    unsigned int visible_index;
+};
+
+struct sim_state {
+    char driver_version[80];
+    char node_root[PATH_MAX];
+    char persistence_mode[8]; /* auto | 0 | 1 */
+    unsigned int branches[MAX_BRANCHES];
+    int branch_cuda[MAX_BRANCHES];
+    unsigned int nbranches;
+    int fault_init_fail, fault_version_mismatch;
+    int cuda_driver_version;
+    int persistence;
+    struct sim_gpu gpus[MAX_GPUS];
+    unsigned int ngpus;
+    struct sim_gpu *visible[MAX_GPUS];
+    unsigned int nvisible;
+};
+
+static struct sim_state S;
+static unsigned int refcount;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Problems in the simulation's own files are lab bugs, not simulated failures: say so. */
+static void complain(const char *fmt, ...)
+{
+    va_list ap;
+    fputs("gpuprov simulated NVML: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+static char *trim(char *s)
+{
+    char *end;
+    while (isspace((unsigned char)*s))
+        s++;
+    end = s + strlen(s);
+    while (end > s && isspace((unsigned char)end[-1]))
+        *--end = '\0';
+    return s;
+}
+
+static int parse_u64(const char *s, unsigned long long *out)
+{
+    char *end;
+    if (*s == '\0' || *s == '-')
+        return -1;
+    errno = 0;
+    *out = strtoull(s, &end, 0);
+    return (errno || *end != '\0') ? -1 : 0;
+}
+
+static int parse_uint(const char *s, unsigned int *out)
+{
+    unsigned long long v;
+    if (parse_u64(s, &v) || v > UINT_MAX)
+        return -1;
+    *out = (unsigned int)v;
+    return 0;
+}
+
+static int copy_value(char *dst, size_t size, const char *value)
+{
+    size_t n = strlen(value);
+    if (n + 1 > size)
+        return -1;
+    memcpy(dst, value, n + 1);
+    return 0;
+}
+
+static int parse_branches(struct sim_state *st, char *value)
+{
+    char *save = NULL;
+    for (char *tok = strtok_r(value, " \t,", &save); tok; tok = strtok_r(NULL, " \t,", &save)) {
+        char *colon = strchr(tok, ':');
+        unsigned int branch, cuda;
+        if (!colon || st->nbranches >= MAX_BRANCHES)
+            return -1;
+        *colon = '\0';
+        if (parse_uint(tok, &branch) || parse_uint(colon + 1, &cuda) || cuda > INT_MAX)
+            return -1;
+        st->branches[st->nbranches] = branch;
+        st->branch_cuda[st->nbranches++] = (int)cuda;
+    }
+    return 0;
+}
+
+static int parse_processes(struct sim_gpu *g, char *value)
+{
+    char *save = NULL;
+    g->nprocs = 0;
+    for (char *tok = strtok_r(value, " \t,", &save); tok; tok = strtok_r(NULL, " \t,", &save)) {
+        char *colon = strchr(tok, ':');
+        if (!colon || g->nprocs >= MAX_PROCS)
+            return -1;
+        *colon = '\0';
+        if (parse_uint(tok, &g->procs[g->nprocs].pid) ||
+            parse_u64(colon + 1, &g->procs[g->nprocs].used))
+            return -1;
+        g->nprocs++;
+    }
+    return 0;
+}
+
+static int parse_global_key(struct sim_state *st, const char *key, char *value)
+{
+    if (!strcmp(key, "driver_version"))
+        return copy_value(st->driver_version, sizeof st->driver_version, value);
+    if (!strcmp(key, "node_root"))
+        return copy_value(st->node_root, sizeof st->node_root, value);
+    if (!strcmp(key, "persistence_mode")) {
+        if (strcmp(value, "auto") && strcmp(value, "0") && strcmp(value, "1"))
+            return -1;
+        return copy_value(st->persistence_mode, sizeof st->persistence_mode, value);
+    }
+    if (!strcmp(key, "cuda_driver_version_by_branch"))
+        return parse_branches(st, value);
+    return -2;
+}
+
+#define UINT_KEY(k, field) \
+    if (!strcmp(key, k))   \
+    return parse_uint(value, &g->field)
+
+static int parse_gpu_key(struct sim_gpu *g, const char *key, char *value)
+{
+    if (!strcmp(key, "name"))
+        return copy_value(g->name, sizeof g->name, value);
+    if (!strcmp(key, "uuid"))
+        return copy_value(g->uuid, sizeof g->uuid, value);
+    if (!strcmp(key, "serial"))
+        return copy_value(g->serial, sizeof g->serial, value);
+    if (!strcmp(key, "pci_bus_id")) {
+        char extra;
+        unsigned int fn;
+        return sscanf(value, "%x:%x:%x.%x%c", &g->domain, &g->bus, &g->device, &fn, &extra) == 4
+                   ? 0
+                   : -1;
+    }
+    if (!strcmp(key, "memory_total"))
+        return parse_u64(value, &g->memory_total);
+    if (!strcmp(key, "memory_used"))
+        return parse_u64(value, &g->memory_used);
+    if (!strcmp(key, "compute_capability")) {
+        char extra;
+        return sscanf(value, "%d.%d%c", &g->cc_major, &g->cc_minor, &extra) == 2 ? 0 : -1;
+    }
+    if (!strcmp(key, "temp_gpu_max")) {
+        g->has_temp_gpu_max = 1;
+        return parse_uint(value, &g->temp_gpu_max);
+    }
+    if (!strcmp(key, "ecc"))
+        return parse_uint(value, (unsigned int *)&g->ecc);
+    if (!strcmp(key, "row_remapping"))
+        return parse_uint(value, (unsigned int *)&g->row_remapping);
+    if (!strcmp(key, "processes"))
+        return parse_processes(g, value);
+    UINT_KEY("pci_device_id", pci_device_id);
+    UINT_KEY("pci_subsystem_id", pci_subsystem_id);
+    UINT_KEY("architecture", architecture);
+    UINT_KEY("brand", brand);
+    UINT_KEY("minor_number", minor_number);
+    UINT_KEY("pcie_max_gen", pcie_max_gen);
+    UINT_KEY("pcie_max_width", pcie_max_width);
+    UINT_KEY("pcie_curr_gen", pcie_curr_gen);
+    UINT_KEY("pcie_curr_width", pcie_curr_width);
+    UINT_KEY("power_limit_mw", power_limit_mw);
+    UINT_KEY("power_usage_mw", power_usage_mw);
+    UINT_KEY("temperature", temperature);
+    UINT_KEY("temp_shutdown", temp_shutdown);
+    UINT_KEY("temp_slowdown", temp_slowdown);
+    UINT_KEY("utilization_gpu", utilization_gpu);
+    UINT_KEY("utilization_memory", utilization_memory);
+    return -2;
+}
+
+/* 0: read; NVML_ERROR_DRIVER_NOT_LOADED: no nvml.conf (no driver); else NVML_ERROR_UNKNOWN */
+static nvmlReturn_t read_config(struct sim_state *st, const char *dir)
+{
+    char path[PATH_MAX], line[LINE_MAX_LEN + 2];
+    unsigned int lineno = 0;
+    struct sim_gpu *g = NULL;
+    FILE *f;
+
+    if (snprintf(path, sizeof path, "%s/nvml.conf", dir) >= (int)sizeof path)
+        return NVML_ERROR_UNKNOWN;
+    f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT || errno == ENOTDIR)
+            return NVML_ERROR_DRIVER_NOT_LOADED;
+        complain("cannot read %s: %s", path, strerror(errno));
+        return NVML_ERROR_UNKNOWN;
+    }
+    while (fgets(line, sizeof line, f)) {
+        char *s, *eq, *key, *value;
+        int rc;
+        lineno++;
+        if (!strchr(line, '\n') && !feof(f)) {
+            complain("%s:%u: line longer than %d characters", path, lineno, LINE_MAX_LEN);
+            fclose(f);
+            return NVML_ERROR_UNKNOWN;
+        }
+        s = trim(line);
+        if (*s == '\0' || *s == '#')
+            continue;
+        if (!strcmp(s, "[gpu]")) {
+            if (st->ngpus >= MAX_GPUS) {
+                complain("%s:%u: more than %d GPUs", path, lineno, MAX_GPUS);
+                fclose(f);
+                return NVML_ERROR_UNKNOWN;
+            }
+            g = &st->gpus[st->ngpus++];
+            continue;
+        }
+        eq = strchr(s, '=');
+        if (!eq) {
+            complain("%s:%u: expected key = value or [gpu]", path, lineno);
+            fclose(f);
+            return NVML_ERROR_UNKNOWN;
+        }
+        *eq = '\0';
+        key = trim(s);
+        value = trim(eq + 1);
+        rc = g ? parse_gpu_key(g, key, value) : parse_global_key(st, key, value);
+        if (rc) {
+            complain("%s:%u: %s key %s", path, lineno, rc == -2 ? "unknown" : "bad value for",
+                     key);
+            fclose(f);
+            return NVML_ERROR_UNKNOWN;
+        }
+    }
+    fclose(f);
+    for (unsigned int i = 0; i < st->ngpus; i++) {
+        if (!st->gpus[i].name[0] || !st->gpus[i].uuid[0]) {
+            complain("%s: GPU %u has no name or uuid", path, i);
+            return NVML_ERROR_UNKNOWN;
+        }
+    }
+    return NVML_SUCCESS;
+}
+
+static void read_faults(struct sim_state *st, const char *dir)
+{
+    char path[PATH_MAX], line[LINE_MAX_LEN + 2];
+    FILE *f;
+
+    if (snprintf(path, sizeof path, "%s/faults", dir) >= (int)sizeof path)
+        return;
+    f = fopen(path, "r");
+    if (!f)
+        return; /* no faults file: no faults */
+    while (fgets(line, sizeof line, f)) {
+        char name[64], extra;
+        unsigned int index = 0;
+        struct sim_gpu *g;
+        char *s = trim(line);
+        int n;
+        if (*s == '\0' || *s == '#')
+            continue;
+        n = sscanf(s, "%63s %u %c", name, &index, &extra);
+        if (n < 1 || n > 2) {
+            complain("%s: ignoring malformed line: %s", path, s);
+            continue;
+        }
+        if (!strcmp(name, "nvml-init-fail")) {
+            st->fault_init_fail = 1;
+            continue;
+        }
+        if (!strcmp(name, "version-mismatch")) {
+            st->fault_version_mismatch = 1;
+            continue;
+        }
+        if (index >= st->ngpus) {
+            complain("%s: ignoring %s on GPU %u: the node has %u GPUs", path, name, index,
+                     st->ngpus);
+            continue;
+        }
+        g = &st->gpus[index];
+        if (!strcmp(name, "gpu-lost"))
+            g->lost = 1;
+        else if (!strcmp(name, "ecc-uncorrectable"))
+            g->ecc_uncorrectable = 1;
+        else if (!strcmp(name, "row-remap-pending"))
+            g->remap_pending = 1;
+        else if (!strcmp(name, "hot-gpu"))
+            g->hot = 1;
+        else
+            complain("%s: ignoring unknown fault %s", path, name);
+    }
+    fclose(f);
+}
+
+/* Compare dotted versions numerically ("535.261.03" > "535.54.03"). */
+static int version_cmp(const char *a, const char *b)
+{
+    while (*a || *b) {
+        unsigned long x = strtoul(a, (char **)&a, 10), y = strtoul(b, (char **)&b, 10);
+        if (x != y)
+            return x < y ? -1 : 1;
+        if (*a == '.')
+            a++;
+        if (*b == '.')
+            b++;
+        if ((*a && !isdigit((unsigned char)*a)) || (*b && !isdigit((unsigned char)*b)))
+            break;
+    }
+    return 0;
+}
+
+static int is_driver_version(const char *v)
+{
+    int dots = 0;
+    if (!isdigit((unsigned char)*v))
+        return 0;
+    for (; *v; v++) {
+        if (*v == '.') {
+            if (!isdigit((unsigned char)v[1]))
+                return 0;
+            dots++;
+        } else if (!isdigit((unsigned char)*v)) {
+            return 0;
+        }
+    }
+    return dots >= 1;
+}
+
+/*
+ * The version of a real NVIDIA user-space driver installed on the node, so that package
+ * installs and upgrades in the lab show in NVML as they would on a server: Debian installs
+ * usr/lib/x86_64-linux-gnu/nvidia/<flavour>/libnvidia-ml.so.<version> (current, tesla-470,
+ * ...); NVIDIA's and Ubuntu's packages the same name in the multiarch directory; RHEL in
+ * usr/lib64. The newest one found wins.
+ */
+static int installed_driver_version(const char *root, char *out, size_t size)
+{
+    static const char *patterns[] = {
+        "usr/lib/x86_64-linux-gnu/nvidia/*/libnvidia-ml.so.*",
+        "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.*",
+        "usr/lib64/libnvidia-ml.so.*",
+    };
+    static const char prefix[] = "libnvidia-ml.so.";
+    char best[80] = "";
+    for (size_t p = 0; p < sizeof patterns / sizeof patterns[0]; p++) {
+        char pattern[PATH_MAX];
+        glob_t gl;
+        int n = snprintf(pattern, sizeof pattern, "%s%s%s", root,
+                         root[0] && root[strlen(root) - 1] == '/' ? "" : "/", patterns[p]);
+        if (n < 0 || n >= (int)sizeof pattern)
+            continue;
+        if (glob(pattern, 0, NULL, &gl) != 0)
+            continue;
+        for (size_t i = 0; i < gl.gl_pathc; i++) {
+            const char *base = strrchr(gl.gl_pathv[i], '/');
+            const char *v = strstr(base ? base : gl.gl_pathv[i], prefix);
+            if (!v)
+                continue;
+            v += sizeof prefix - 1;
+            if (is_driver_version(v) && strlen(v) < sizeof best &&
+                (!best[0] || version_cmp(v, best) > 0))
+                memcpy(best, v, strlen(v) + 1);
+        }
+        globfree(&gl);
+    }
+    if (!best[0] || strlen(best) + 1 > size)
+        return -1;
+    memcpy(out, best, strlen(best) + 1);
+    return 0;
+}
+
+/* The newest branch in the table that is not newer than the driver's. */
+static int cuda_version_for(const struct sim_state *st, const char *driver)
+{
+    unsigned long branch = strtoul(driver, NULL, 10);
+    unsigned int best = 0;
+    int cuda = 0;
+    for (unsigned int i = 0; i < st->nbranches; i++) {
+        if (st->branches[i] <= branch && st->branches[i] >= best) {
+            best = st->branches[i];
+            cuda = st->branch_cuda[i];
+        }
+    }
+    return cuda;
+}
+
+/* Persistence mode follows a running nvidia-persistenced, as on a server, unless pinned. */
+static int persistence_enabled(const struct sim_state *st)
+{
+    char path[PATH_MAX], buf[32];
+    FILE *f;
+    long pid;
+    if (strcmp(st->persistence_mode, "auto"))
+        return !strcmp(st->persistence_mode, "1");
+    if (snprintf(path, sizeof path, "%s/run/nvidia-persistenced/nvidia-persistenced.pid",
+                 st->node_root) >= (int)sizeof path)
+        return 0;
+    f = fopen(path, "r");
+    if (!f)
+        return 0;
+    pid = fgets(buf, sizeof buf, f) ? strtol(buf, NULL, 10) : 0;
+    fclose(f);
+    return pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM);
+}
+
+/* NVIDIA_VISIBLE_DEVICES as the container toolkit reads it: unset or "all": every GPU;
+ * "", "none" or "void": none; else a comma list of indices or UUIDs. The GPUs keep PCI
+ * order and are re-indexed from 0. Entries that match no GPU are ignored. */
+static void apply_visible_devices(struct sim_state *st)
+{
+    const char *env = getenv("NVIDIA_VISIBLE_DEVICES");
+    char list[1024];
+    char *save = NULL;
+    int all = !env || !strcmp(env, "all");
+
+    for (unsigned int i = 0; i < st->ngpus; i++)
+        st->gpus[i].visible = all;
+    if (!all && strcmp(env, "none") && strcmp(env, "void") && strlen(env) < sizeof list) {
+        memcpy(list, env, strlen(env) + 1);
+        for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            unsigned int index;
+            tok = trim(tok);
+            if (parse_uint(tok, &index) == 0) {
+                if (index < st->ngpus)
+                    st->gpus[index].visible = 1;
+                continue;
+            }
+            for (unsigned int i = 0; i < st->ngpus; i++)
+                if (!strcasecmp(tok, st->gpus[i].uuid))
+                    st->gpus[i].visible = 1;
+        }
+    }
+    st->nvisible = 0;
+    for (unsigned int i = 0; i < st->ngpus; i++) {
+        if (st->gpus[i].visible) {
+            st->gpus[i].visible_index = st->nvisible;
+            st->visible[st->nvisible++] = &S.gpus[i]; /* handles point into the live state */
+        }
+    }
+}
+
+static nvmlReturn_t load_state(struct sim_state *st)
+{
+    const char *dir = getenv("GPUPROV_SIM_DIR");
+    nvmlReturn_t rc;
+
+    memset(st, 0, sizeof *st);
+    strcpy(st->node_root, "/");
+    strcpy(st->persistence_mode, "auto");
+    if (!dir || !*dir)
+        dir = "/etc/gpuprov-sim";
+    rc = read_config(st, dir);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    read_faults(st, dir);
+    if (st->fault_init_fail)
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    if (st->fault_version_mismatch)
+        return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
+    {
+        char installed[80];
+        if (installed_driver_version(st->node_root, installed, sizeof installed) == 0)
+            memcpy(st->driver_version, installed, sizeof installed);
+    }
+    if (!st->driver_version[0]) {
+        complain("no driver_version in nvml.conf and no NVIDIA driver installed");
+        return NVML_ERROR_UNKNOWN;
+    }
+    st->cuda_driver_version = cuda_version_for(st, st->driver_version);
+    st->persistence = persistence_enabled(st);
+    for (unsigned int i = 0; i < st->ngpus; i++) {
+        struct sim_gpu *g = &st->gpus[i];
+        if (g->hot)
+            g->temperature = g->temp_slowdown + HOT_ABOVE_SLOWDOWN;
+    }
+    apply_visible_devices(st);
+    return NVML_SUCCESS;
+}
+
+/* ---- API ------------------------------------------------------------------------------ */
+#define API __attribute__((visibility("default")))
+
+static int valid_device(nvmlDevice_t d)
+{
+    uintptr_t p = (uintptr_t)d, lo = (uintptr_t)S.gpus, hi = (uintptr_t)(S.gpus + S.ngpus);
+    if (p < lo || p >= hi || (p - lo) % sizeof(struct sim_gpu))
+        return 0;
+    return d->visible && !d->lost;
+}
+
+#define REQUIRE_INIT()                        \
+    do {                                      \
+        if (refcount == 0)                    \
+            return NVML_ERROR_UNINITIALIZED;  \
+    } while (0)
+
+#define REQUIRE_DEVICE(d, out)                   \
+    do {                                         \
+        REQUIRE_INIT();                          \
+        if (!valid_device(d) || !(out))          \
+            return NVML_ERROR_INVALID_ARGUMENT;  \
+    } while (0)
+
+static nvmlReturn_t copy_out(char *dst, unsigned int length, const char *src)
+{
+    size_t n = strlen(src);
+    if (!dst)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (n + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, n + 1);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    static struct sim_state fresh; /* parsed outside S so a failed re-init keeps the old state */
+    nvmlReturn_t rc;
+    (void)flags;
+    pthread_mutex_lock(&lock);
+    rc = load_state(&fresh);
+    if (rc == NVML_SUCCESS) {
+        S = fresh;
+        refcount++;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+API nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+API nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+API nvmlReturn_t nvmlShutdown(void)
+{
+    nvmlReturn_t rc = NVML_SUCCESS;
+    pthread_mutex_lock(&lock);
+    if (refcount == 0)
+        rc = NVML_ERROR_UNINITIALIZED;
+    else
+        refcount--;
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+API const char *nvmlErrorString(nvmlReturn_t result)
+{
+    switch (result) {
+    case 0: return "Success";
+    case 1: return "Uninitialized";
+    case 2: return "Invalid Argument";
+    case 3: return "Not Supported";
+    case 4: return "Insufficient Permissions";
+    case 5: return "Already Initialized";
+    case 6: return "Not Found";
+    case 7: return "Insufficient Size";
+    case 8: return "Insufficient External Power";
+    case 9: return "Driver Not Loaded";
+    case 10: return "Timeout";
+    case 11: return "Interrupt Request Issue";
+    case 12: return "NVML Shared Library Not Found";
+    case 13: return "Function Not Found";
+    case 14: return "Corrupted infoROM";
+    case 15: return "GPU is lost";
+    case 16: return "GPU requires restart";
+    case 17: return "The operating system has blocked the request.";
+    case 18: return "RM has detected an NVML/RM version mismatch.";
+    case 19: return "In use by another client";
+    case 20: return "Insufficient Memory";
+    case 21: return "No data";
+    case 25: return "Argument version mismatch";
+    default: return "Unknown Error";
+    }
+}
+
+API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
+    REQUIRE_INIT();
+    return copy_out(version, length, S.driver_version);
+}
+
+API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
+{
+    char buf[96];
+    REQUIRE_INIT();
+    /* NVML's version is the CUDA major version followed by the driver version. */
+    snprintf(buf, sizeof buf, "%d.%s", S.cuda_driver_version / 1000, S.driver_version);
+    return copy_out(version, length, buf);
+}
+
+API nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
+{
+    REQUIRE_INIT();
+    if (!cudaDriverVersion)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *cudaDriverVersion = S.cuda_driver_version;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
+{
+    return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
+}
+
+API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
+{
+    REQUIRE_INIT();
+    if (!deviceCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *deviceCount = S.nvisible; /* a lost GPU still counts: the driver still knows it */
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount)
+{
+    return nvmlDeviceGetCount_v2(deviceCount);
+}
+
+static nvmlReturn_t hand_out(struct sim_gpu *g, nvmlDevice_t *device)
+{
+    if (g->lost)
+        return NVML_ERROR_GPU_IS_LOST;
+    *device = g;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    REQUIRE_INIT();
+    if (!device || index >= S.nvisible)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return hand_out(S.visible[index], device);
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
+{
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    REQUIRE_INIT();
+    if (!uuid || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < S.nvisible; i++)
+        if (!strcmp(uuid, S.visible[i]->uuid))
+            return hand_out(S.visible[i], device);
+    return NVML_ERROR_NOT_FOUND;
+}
+
+API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device)
+{
+    unsigned int domain, bus, dev, fn;
+    char extra;
+    REQUIRE_INIT();
+    if (!pciBusId || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    /* accepts "domain:bus:device.function" with a 4- or 8-digit domain, and "bus:device.fn" */
+    if (sscanf(pciBusId, "%x:%x:%x.%x%c", &domain, &bus, &dev, &fn, &extra) != 4) {
+        domain = 0;
+        if (sscanf(pciBusId, "%x:%x.%x%c", &bus, &dev, &fn, &extra) != 3)
+            return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    for (unsigned int i = 0; i < S.nvisible; i++) {
+        struct sim_gpu *g = S.visible[i];
+        if (g->domain == domain && g->bus == bus && g->device == dev && fn == 0)
+            return hand_out(g, device);
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+    REQUIRE_DEVICE(device, name);
+    return copy_out(name, length, device->name);
+}
+
+API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
+    REQUIRE_DEVICE(device, uuid);
+    return copy_out(uuid, length, device->uuid);
+}
+
+API nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
+{
+    REQUIRE_DEVICE(device, serial);
+    if (!device->serial[0])
+        return NVML_ERROR_NOT_SUPPORTED;
+    return copy_out(serial, length, device->serial);
+}
+
+API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    REQUIRE_DEVICE(device, pci);
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0",
+             device->domain & 0xFFFF, device->bus & 0xFF, device->device & 0x1F);
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", device->domain,
+             device->bus & 0xFF, device->device & 0x1F);
+    pci->domain = device->domain;
+    pci->bus = device->bus;
+    pci->device = device->device;
+    pci->pciDeviceId = device->pci_device_id;
+    pci->pciSubSystemId = device->pci_subsystem_id;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+
+API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    REQUIRE_DEVICE(device, memory);
+    memory->total = device->memory_total;
+    memory->used = device->memory_used;
+    memory->free = device->memory_total - device->memory_used;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    REQUIRE_DEVICE(device, memory);
+    if (memory->version != nvmlMemory_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    memory->total = device->memory_total;
+    memory->reserved = 0;
+    memory->used = device->memory_used;
+    memory->free = device->memory_total - device->memory_used;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor)
+{
+    REQUIRE_DEVICE(device, major);
+    if (!minor)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *major = device->cc_major;
+    *minor = device->cc_minor;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, unsigned int *arch)
+{
+    REQUIRE_DEVICE(device, arch);
+    *arch = device->architecture;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, unsigned int *type)
+{
+    REQUIRE_DEVICE(device, type);
+    *type = device->brand;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int sensorType,
+                                          unsigned int *temp)
+{
+    REQUIRE_DEVICE(device, temp);
+    if (sensorType != NVML_TEMPERATURE_GPU)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *temp = device->temperature;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_v1_t *temperature)
+{
+    unsigned int t;
+    nvmlReturn_t rc;
+    REQUIRE_DEVICE(device, temperature);
+    if (temperature->version != nvmlTemperature_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    rc = nvmlDeviceGetTemperature(device, temperature->sensorType, &t);
+    if (rc == NVML_SUCCESS)
+        temperature->temperature = (int)t;
+    return rc;
+}
+
+API nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device,
+                                                   unsigned int thresholdType,
+                                                   unsigned int *temp)
+{
+    REQUIRE_DEVICE(device, temp);
+    switch (thresholdType) {
+    case NVML_TEMPERATURE_THRESHOLD_SHUTDOWN:
+        *temp = device->temp_shutdown;
+        return NVML_SUCCESS;
+    case NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
+        *temp = device->temp_slowdown;
+        return NVML_SUCCESS;
+    case NVML_TEMPERATURE_THRESHOLD_GPU_MAX:
+        if (!device->has_temp_gpu_max)
+            return NVML_ERROR_NOT_SUPPORTED;
+        *temp = device->temp_gpu_max;
+        return NVML_SUCCESS;
+    default:
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+}
+
+API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
+{
+    REQUIRE_DEVICE(device, utilization);
+    utilization->gpu = device->utilization_gpu;
+    utilization->memory = device->utilization_memory;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
+{
+    REQUIRE_DEVICE(device, power);
+    *power = device->power_usage_mw;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    REQUIRE_DEVICE(device, limit);
+    *limit = device->power_limit_mw;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    return nvmlDeviceGetEnforcedPowerLimit(device, limit);
+}
+
+API nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    return nvmlDeviceGetEnforcedPowerLimit(device, limit);
+}
+
+API nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, unsigned int *mode)
+{
+    REQUIRE_DEVICE(device, mode);
+    *mode = (unsigned int)S.persistence;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, unsigned int *current,
+                                      unsigned int *pending)
+{
+    REQUIRE_DEVICE(device, current);
+    if (!pending)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!device->ecc)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *current = *pending = 1;
+    return NVML_SUCCESS;
+}
+
+static unsigned long long ecc_count(const struct sim_gpu *g, unsigned int errorType)
+{
+    return errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED && g->ecc_uncorrectable ? 1 : 0;
+}
+
+API nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, unsigned int errorType,
+                                             unsigned int counterType,
+                                             unsigned long long *eccCounts)
+{
+    REQUIRE_DEVICE(device, eccCounts);
+    if (errorType >= NVML_MEMORY_ERROR_TYPE_COUNT || counterType >= NVML_ECC_COUNTER_TYPE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!device->ecc)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *eccCounts = ecc_count(device, errorType); /* volatile and aggregate alike */
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t device, unsigned int errorType,
+                                                 unsigned int counterType,
+                                                 unsigned int locationType,
+                                                 unsigned long long *count)
+{
+    REQUIRE_DEVICE(device, count);
+    if (errorType >= NVML_MEMORY_ERROR_TYPE_COUNT ||
+        counterType >= NVML_ECC_COUNTER_TYPE_COUNT || locationType >= NVML_MEMORY_LOCATION_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!device->ecc)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *count = locationType == NVML_MEMORY_LOCATION_DEVICE_MEMORY ? ecc_count(device, errorType) : 0;
+    return NVML_SUCCESS;
+}
+
+/* Pre-Ampere memory repair: with row-remap-pending one double-bit-error page is retired,
+ * pending until the next reset. */
+static nvmlReturn_t retired_pages(nvmlDevice_t device, unsigned int cause,
+                                  unsigned int *pageCount, unsigned long long *addresses,
+                                  unsigned long long *timestamps)
+{
+    unsigned int n;
+    REQUIRE_DEVICE(device, pageCount);
+    if (cause >= NVML_PAGE_RETIREMENT_CAUSE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!device->ecc || device->row_remapping)
+        return NVML_ERROR_NOT_SUPPORTED;
+    n = cause == NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR && device->remap_pending ? 1 : 0;
+    if (*pageCount < n || (n && !addresses)) {
+        *pageCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    *pageCount = n;
+    if (n) {
+        addresses[0] = RETIRED_PAGE_ADDRESS;
+        if (timestamps)
+            timestamps[0] = RETIRED_PAGE_TIMESTAMP;
+    }
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, unsigned int cause,
+                                           unsigned int *pageCount,
+                                           unsigned long long *addresses)
+{
+    return retired_pages(device, cause, pageCount, addresses, NULL);
+}
+
+API nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device, unsigned int cause,
+                                              unsigned int *pageCount,
+                                              unsigned long long *addresses,
+                                              unsigned long long *timestamps)
+{
+    unsigned int want = pageCount ? *pageCount : 0;
+    if (want && !timestamps)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return retired_pages(device, cause, pageCount, addresses, timestamps);
+}
+
+API nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, unsigned int *isPending)
+{
+    REQUIRE_DEVICE(device, isPending);
+    if (!device->ecc || device->row_remapping)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *isPending = device->remap_pending ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows,
+                                           unsigned int *uncRows, unsigned int *isPending,
+                                           unsigned int *failureOccurred)
+{
+    REQUIRE_DEVICE(device, corrRows);
+    if (!uncRows || !isPending || !failureOccurred)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!device->row_remapping)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *corrRows = 0;
+    *uncRows = device->remap_pending ? 1 : 0;
+    *isPending = device->remap_pending ? 1 : 0;
+    *failureOccurred = 0;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
+                                                        unsigned long long *reasons)
+{
+    REQUIRE_DEVICE(device, reasons);
+    if (device->hot)
+        *reasons = REASON_HW_SLOWDOWN | REASON_SW_THERMAL | REASON_HW_THERMAL;
+    else
+        *reasons = device->nprocs == 0 && device->utilization_gpu == 0 ? REASON_GPU_IDLE : 0;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device,
+                                                           unsigned long long *reasons)
+{
+    return nvmlDeviceGetCurrentClocksEventReasons(device, reasons);
+}
+
+API nvmlReturn_t nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t device,
+                                                          unsigned long long *reasons)
+{
+    REQUIRE_DEVICE(device, reasons);
+    *reasons = REASONS_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t device,
+                                                             unsigned long long *reasons)
+{
+    return nvmlDeviceGetSupportedClocksEventReasons(device, reasons);
+}
+
+#define UINT_GETTER(fn, field)                                          \
+    API nvmlReturn_t fn(nvmlDevice_t device, unsigned int *out)         \
+    {                                                                   \
+        REQUIRE_DEVICE(device, out);                                    \
+        *out = device->field;                                           \
+        return NVML_SUCCESS;                                            \
+    }
+
+UINT_GETTER(nvmlDeviceGetCurrPcieLinkGeneration, pcie_curr_gen)
+UINT_GETTER(nvmlDeviceGetMaxPcieLinkGeneration, pcie_max_gen)
+UINT_GETTER(nvmlDeviceGetGpuMaxPcieLinkGeneration, pcie_max_gen)
+UINT_GETTER(nvmlDeviceGetCurrPcieLinkWidth, pcie_curr_width)
+UINT_GETTER(nvmlDeviceGetMaxPcieLinkWidth, pcie_max_width)
+UINT_GETTER(nvmlDeviceGetMinorNumber, minor_number)
+UINT_GETTER(nvmlDeviceGetIndex, visible_index)
+
+static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCount,
+                                      nvmlProcessInfo_t *infos)
+{
+    REQUIRE_DEVICE(device, infoCount);
+    if (*infoCount < device->nprocs || (device->nprocs && !infos)) {
+        *infoCount = device->nprocs;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    *infoCount = device->nprocs;
+    for (unsigned int i = 0; i < device->nprocs; i++) {
+        infos[i].pid = device->procs[i].pid;
+        infos[i].usedGpuMemory = device->procs[i].used;
+        infos[i].gpuInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT; /* no MIG */
+        infos[i].computeInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
+    }
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                         unsigned int *infoCount,
+                                                         nvmlProcessInfo_t *infos)
+{
+    return running_processes(device, infoCount, infos);
+}
+
+API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                         unsigned int *infoCount,
+                                                         nvmlProcessInfo_t *infos)
+{
+    return running_processes(device, infoCount, infos);
+}

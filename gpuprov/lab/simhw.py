@@ -1,0 +1,285 @@
+"""SIMULATION: a lab node's GPU hardware, as files on the host that the node mounts.
+
+    node_dir/pci/<address>/{vendor,device,class,...}   mounted over /sys/bus/pci/devices
+    node_dir/sim/nvml.conf                              mounted at /etc/gpuprov-sim (GPU nodes)
+    node_dir/sim/faults
+    <lib dir>/libnvidia-ml.so.1                         mounted at /opt/gpuprov-sim/lib
+
+The simulated NVML (lab/nvml/simnvml.c) re-reads nvml.conf and faults at every
+nvmlInit, so `gpuprov lab fault` takes effect without touching the container. Nodes
+without GPUs get a PCI tree without NVIDIA devices and no sim directory. What the
+simulation does and does not do: lab/SIMULATION.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuprov.errors import GpuprovError
+from gpuprov.lab import faults as fault_registry
+from gpuprov.lab.profiles import (
+    CUDA_BY_BRANCH,
+    NVIDIA_VENDOR,
+    PCI_CLASS_3D_CONTROLLER,
+    NodeProfile,
+    expected_gpus,
+)
+
+LIBRARY_NAME = "libnvidia-ml.so.1"
+SOURCE = Path(__file__).parent / "nvml" / "simnvml.c"
+CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", f"-Wl,-soname,{LIBRARY_NAME}")
+# Not named lib*.so*: ldconfig scans the library directory inside the nodes.
+BUILD_STAMP = "simnvml.sha256"
+
+PCI_DIR = "pci"
+SIM_DIR = "sim"
+NVML_CONF = "nvml.conf"
+FAULTS_FILE = "faults"
+
+# sysfs spells the link rate per generation like this (Linux 6.x).
+LINK_SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe",
+              5: "32.0 GT/s PCIe"}
+GPU_REVISION = 0xA1
+
+
+@dataclass(frozen=True)
+class PciFunction:
+    address: str
+    vendor: int
+    device: int
+    pci_class: int
+    subsystem_vendor: int
+    subsystem_device: int
+    revision: int
+    numa_node: int
+    link: tuple[int, int] | None  # (generation, width); None: not a PCIe endpoint
+
+
+# What every lab server has besides GPUs, so PCI-reading code must filter: the host bridge
+# (no link files, as in sysfs), the BMC's VGA (a display controller that is not NVIDIA's)
+# and an Intel I350 NIC. Subsystem IDs are those of a Supermicro board.
+BASE_FUNCTIONS = (
+    PciFunction("0000:00:00.0", 0x8086, 0x2020, 0x060000, 0x15D9, 0x1B76, 0x04, 0, None),
+    PciFunction("0000:03:00.0", 0x1A03, 0x2000, 0x030000, 0x15D9, 0x1B76, 0x41, 0, (2, 1)),
+    PciFunction("0000:04:00.0", 0x8086, 0x1521, 0x020000, 0x15D9, 0x1521, 0x01, 0, (2, 4)),
+)
+
+
+# -- the library ----------------------------------------------------------------------------
+def build_nvml_library(out_dir: Path) -> Path:
+    """Compile the simulated NVML into out_dir (only when its source changed)."""
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + "\0".join(CFLAGS).encode()).hexdigest()
+    library = out_dir / LIBRARY_NAME
+    stamp = out_dir / BUILD_STAMP
+    if library.exists() and stamp.exists() and stamp.read_text().strip() == key:
+        return library
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise GpuprovError(
+            "gcc not found: the lab compiles its simulated NVML library with it; "
+            "install it (apt-get install gcc) and retry"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".build-")
+    os.close(fd)
+    try:
+        proc = subprocess.run(
+            [gcc, *CFLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            first = (proc.stderr.strip().splitlines() or ["no output"])[0]
+            raise GpuprovError(f"compiling the simulated NVML ({SOURCE}) failed: {first}")
+        os.chmod(tmp, 0o755)
+        # Replaced, not rewritten: processes in the nodes that have the old one mapped keep it.
+        os.replace(tmp, library)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    stamp.write_text(key + "\n")
+    return library
+
+
+# -- node state -----------------------------------------------------------------------------
+def write_node_state(node_dir: Path, node_name: str, profile: NodeProfile) -> None:
+    """The node's PCI tree, and for GPU nodes its NVML configuration with no fault active."""
+    gpus = expected_gpus(node_name, profile)
+    functions = list(BASE_FUNCTIONS)
+    for gpu in gpus:
+        functions.append(
+            PciFunction(
+                gpu.sysfs_address, NVIDIA_VENDOR, gpu.model.pci_device_id,
+                PCI_CLASS_3D_CONTROLLER, NVIDIA_VENDOR, gpu.model.pci_subsystem_device,
+                GPU_REVISION, gpu.numa_node, (gpu.model.pcie_max_gen, gpu.model.pcie_max_width),
+            )
+        )
+    _write_pci_tree(node_dir / PCI_DIR, functions)
+    sim = node_dir / SIM_DIR
+    if not gpus:
+        if sim.exists():
+            shutil.rmtree(sim)
+        return
+    sim.mkdir(parents=True, exist_ok=True)
+    _write_atomic(sim / NVML_CONF, _nvml_conf(node_name, profile))
+    _write_atomic(sim / FAULTS_FILE, "")
+
+
+def _write_pci_tree(pci: Path, functions: list[PciFunction]) -> None:
+    # Entries are rewritten in place, never the directory itself: a running node has it
+    # bind-mounted and would keep seeing a replaced one's old contents.
+    pci.mkdir(parents=True, exist_ok=True)
+    wanted = {f.address for f in functions}
+    for stale in pci.iterdir():
+        if stale.name not in wanted:
+            shutil.rmtree(stale)
+    for f in functions:
+        files = {
+            "vendor": f"0x{f.vendor:04x}",
+            "device": f"0x{f.device:04x}",
+            "class": f"0x{f.pci_class:06x}",
+            "subsystem_vendor": f"0x{f.subsystem_vendor:04x}",
+            "subsystem_device": f"0x{f.subsystem_device:04x}",
+            "revision": f"0x{f.revision:02x}",
+            "numa_node": str(f.numa_node),
+        }
+        if f.link is not None:
+            gen, width = f.link
+            for which in ("current", "max"):
+                files[f"{which}_link_speed"] = LINK_SPEED[gen]
+                files[f"{which}_link_width"] = str(width)
+        directory = pci / f.address
+        directory.mkdir(exist_ok=True)
+        for name, value in files.items():
+            (directory / name).write_text(value + "\n")
+
+
+def _nvml_conf(node_name: str, profile: NodeProfile) -> str:
+    branches = " ".join(f"{b}:{c}" for b, c in sorted(CUDA_BY_BRANCH.items()))
+    lines = [
+        f"# SIMULATION: NVML of lab node {node_name} (profile {profile.name}).",
+        "# Written by gpuprov/lab/simhw.py; read by the simulated libnvidia-ml.so.1.",
+        "# driver_version holds until a real NVIDIA driver package is installed on the node.",
+        f"driver_version = {profile.driver_version}",
+        f"cuda_driver_version_by_branch = {branches}",
+        "# auto: Enabled while nvidia-persistenced runs (its pid file names a live process)",
+        "persistence_mode = auto",
+    ]
+    for gpu in expected_gpus(node_name, profile):
+        m = gpu.model
+        lines += [
+            "",
+            "[gpu]",
+            f"name = {m.name}",
+            f"uuid = {gpu.uuid}",
+            f"serial = {gpu.serial}",
+            f"pci_bus_id = {gpu.pci_bus_id}",
+            f"pci_device_id = 0x{gpu.pci_device_id:08x}",
+            f"pci_subsystem_id = 0x{gpu.pci_subsystem_id:08x}",
+            f"memory_total = {m.memory_total}",
+            "memory_used = 0",
+            f"compute_capability = {m.compute_capability}",
+            f"architecture = {m.nvml_architecture}",
+            f"brand = {m.brand}",
+            f"minor_number = {gpu.minor_number}",
+            f"pcie_max_gen = {m.pcie_max_gen}",
+            f"pcie_max_width = {m.pcie_max_width}",
+            f"pcie_curr_gen = {m.pcie_max_gen}",
+            f"pcie_curr_width = {m.pcie_max_width}",
+            f"power_limit_mw = {m.power_limit_w * 1000}",
+            f"power_usage_mw = {m.idle_power_w * 1000}",
+            f"temperature = {m.idle_temp}",
+            f"temp_shutdown = {m.temp_shutdown}",
+            f"temp_slowdown = {m.temp_slowdown}",
+        ]
+        if m.temp_gpu_max is not None:
+            lines.append(f"temp_gpu_max = {m.temp_gpu_max}")
+        lines += [
+            "utilization_gpu = 0",
+            "utilization_memory = 0",
+            f"ecc = {int(m.ecc)}",
+            f"row_remapping = {int(m.row_remapping)}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    # The library may read while we write: it sees the old file or the new one, never half.
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# -- faults ---------------------------------------------------------------------------------
+def _sim_dir(node_dir: Path, fault: str) -> Path:
+    sim = node_dir / SIM_DIR
+    if not (sim / NVML_CONF).exists():
+        raise GpuprovError(
+            f"node {node_dir.name} has no simulated GPUs: fault {fault!r} needs a GPU node"
+        )
+    return sim
+
+
+def _read_faults(sim: Path) -> list[tuple[str, int | None]]:
+    try:
+        text = (sim / FAULTS_FILE).read_text()
+    except FileNotFoundError:
+        return []
+    entries = []
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if words:
+            entries.append((words[0], int(words[1]) if len(words) > 1 else None))
+    return entries
+
+
+def _write_faults(sim: Path, entries: list[tuple[str, int | None]]) -> None:
+    text = "".join(f"{name}\n" if idx is None else f"{name} {idx}\n" for name, idx in entries)
+    _write_atomic(sim / FAULTS_FILE, text)
+
+
+def _gpu_count(sim: Path) -> int:
+    return sum(1 for line in (sim / NVML_CONF).read_text().splitlines() if line.strip() == "[gpu]")
+
+
+def set_fault(node_dir: Path, fault: str, gpu_index: int | None = None) -> None:
+    """Switch a fault on (on one GPU for per-GPU faults; default GPU 0). Idempotent."""
+    spec = fault_registry.get(fault)
+    sim = _sim_dir(node_dir, fault)
+    if spec.per_gpu:
+        index = fault_registry.DEFAULT_GPU_INDEX if gpu_index is None else gpu_index
+        count = _gpu_count(sim)
+        if not 0 <= index < count:
+            raise GpuprovError(
+                f"node {node_dir.name} has GPUs 0..{count - 1}: no GPU {index} for {fault!r}"
+            )
+        entry: tuple[str, int | None] = (fault, index)
+    else:
+        if gpu_index is not None:
+            raise GpuprovError(f"fault {fault!r} hits the whole node: leave out the GPU index")
+        entry = (fault, None)
+    entries = _read_faults(sim)
+    if entry not in entries:
+        _write_faults(sim, [*entries, entry])
+
+
+def clear_fault(node_dir: Path, fault: str) -> None:
+    """Switch a fault off (on every GPU it is on). Idempotent."""
+    fault_registry.get(fault)
+    sim = _sim_dir(node_dir, fault)
+    entries = _read_faults(sim)
+    kept = [e for e in entries if e[0] != fault]
+    if kept != entries:
+        _write_faults(sim, kept)
+
+
+def active_faults(node_dir: Path) -> list[str]:
+    """Active faults as "name" or "name:gpu-index", in the order they were switched on."""
+    return [
+        name if idx is None else f"{name}:{idx}"
+        for name, idx in _read_faults(node_dir / SIM_DIR)
+    ]

@@ -1,0 +1,154 @@
+"""The host, the NVIDIA kernel module, and NVIDIA XID events in the kernel log."""
+
+from __future__ import annotations
+
+import errno
+import os
+import platform
+import re
+import socket
+
+from gpuprov.probe.fs import Root
+
+_OS_RELEASE_KEYS = ("id", "id_like", "version_id", "version_codename", "pretty_name")
+
+
+def parse_os_release(text: str) -> dict:
+    """os-release(5): KEY=value lines, values optionally shell-quoted.
+
+    Hand-written because platform.freedesktop_os_release() exists only from Python
+    3.10 and reads only the real root.
+    """
+    values = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        values[key.strip().lower()] = value
+    return {key: values.get(key) for key in _OS_RELEASE_KEYS}
+
+
+def collect_host(root: Root) -> dict:
+    os_release = root.read("/etc/os-release") or root.read("/usr/lib/os-release")
+    return {
+        "hostname": root.read_line("/proc/sys/kernel/hostname") or socket.gethostname(),
+        "os": parse_os_release(os_release) if os_release else None,
+        "kernel": root.read_line("/proc/sys/kernel/osrelease") or platform.release(),
+        "machine": platform.machine(),
+        "boot_id": root.read_line("/proc/sys/kernel/random/boot_id"),
+        "python": platform.python_version(),
+    }
+
+
+# "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 ..." or
+# "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  535.104.05  Release Build ..."
+_PROC_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)")
+_NVIDIA_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nouveau")
+_MODPROBE_DIRS = ("/etc/modprobe.d", "/run/modprobe.d", "/usr/lib/modprobe.d", "/lib/modprobe.d")
+_BLACKLIST_NOUVEAU = re.compile(r"^\s*blacklist\s+nouveau\s*$", re.MULTILINE)
+
+
+def _module_loaded(root: Root, name: str) -> bool:
+    # /sys/module/<name> also exists for built-in code; initstate only for loaded modules.
+    return root.read_line(f"/sys/module/{name}/initstate") in ("live", "coming")
+
+
+def collect_kernel_module(root: Root) -> dict:
+    proc_line = root.read_line("/proc/driver/nvidia/version")
+    match = _PROC_VERSION.search(proc_line or "")
+    version = root.read_line("/sys/module/nvidia/version") or (match.group(1) if match else None)
+    flavor = None
+    if proc_line:
+        flavor = "open" if "Open Kernel Module" in proc_line else "proprietary"
+    blacklisted = [
+        path
+        for directory in _MODPROBE_DIRS
+        for path in root.glob(f"{directory}/*.conf")
+        if _BLACKLIST_NOUVEAU.search(root.read(path) or "")
+    ]
+    modules = {name: _module_loaded(root, name) for name in _NVIDIA_MODULES}
+    return {
+        "loaded": modules["nvidia"],
+        "version": version,
+        "flavor": flavor,
+        "proc_version": proc_line,
+        "modules": modules,
+        "nouveau_loaded": modules["nouveau"],
+        "nouveau_blacklisted_in": blacklisted,
+    }
+
+
+# "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+),\s*(.*)")
+MAX_XID_EVENTS = 100
+
+
+def _read_all(path: str) -> bytes:
+    """Everything readable now; /dev/kmsg gives one record per read and EAGAIN at the end."""
+    chunks = []
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, 16384)
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # records overwritten while reading: go on
+                    continue
+                if exc.errno == errno.EAGAIN:
+                    break
+                raise
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def collect_kernel_log(root: Root) -> dict:
+    """NVIDIA XID events since boot from /dev/kmsg (needs root or dmesg_restrict=0)."""
+    source = "/dev/kmsg"
+    try:
+        data = _read_all(str(root.path(source)))
+    except OSError as exc:
+        return {
+            "readable": False,
+            "source": source,
+            "error": str(exc),
+            "xid_events": [],
+            "xid_count": 0,
+        }
+    events = []
+    count = 0
+    for line in data.decode("utf-8", "replace").splitlines():
+        # kmsg record: "prio,seq,usec,flags;message"; continuation lines start with a space.
+        header, sep, message = line.partition(";")
+        if not sep:
+            continue
+        match = _XID.search(message)
+        if not match:
+            continue
+        count += 1
+        if len(events) < MAX_XID_EVENTS:
+            fields = header.split(",")
+            events.append(
+                {
+                    "pci": match.group(1).lower(),
+                    "xid": int(match.group(2)),
+                    "message": match.group(3).strip(),
+                    "usec_since_boot": int(fields[2])
+                    if len(fields) > 2 and fields[2].isdigit()
+                    else None,
+                }
+            )
+    return {
+        "readable": True,
+        "source": source,
+        "error": None,
+        "xid_events": events,
+        "xid_count": count,
+    }

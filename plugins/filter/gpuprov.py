@@ -1,0 +1,98 @@
+"""Ansible filters that give roles gpuprov's hardware table and driver-branch choice.
+
+The roles and `gpuprov verify` must agree on what a GPU is and which driver branch a
+node gets, so neither is written down twice: these filters call the gpuprov package
+that the controller's Python has installed (`pip install -e .`). They run on the
+controller, like every filter; nothing here is shipped to nodes.
+
+    devices | gpuprov_classify
+        -> [{"pci_id", "name", "architecture", "compute_capability", "status", ...}, ...]
+    pci_ids | gpuprov_choose_branch(os_id, os_version, nvidia_driver_branch)
+        -> {"ok": bool, "branch": 535 | None, "reason": str, "notes": [str],
+            "open_kernel_modules": bool, "open_kernel_modules_required": bool, ...}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+INSTALL_HINT = (
+    "gpuprov is not importable by the Python that runs ansible ({error}): "
+    "install gpuprov in the Python that runs ansible: pip install -e ."
+)
+
+
+def _gpuprov() -> tuple[Any, Any]:
+    # Imported on first use, not at load time: Ansible loads every filter plugin for every
+    # template, and a playbook that never classifies a GPU must not fail on a missing gpuprov.
+    try:
+        from gpuprov import driver_branches, hardware
+    except ImportError as exc:
+        raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
+    return hardware, driver_branches
+
+
+def _items(value: Any, filter_name: str) -> list:
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise AnsibleFilterError(
+            f"{filter_name} expects a list of PCI IDs like ['10de:15f8'], got {value!r}"
+        )
+    return list(value)
+
+
+def _as_dict(record: Any) -> dict:
+    return record.to_dict() if hasattr(record, "to_dict") else dict(record)
+
+
+def _classify_one(hardware: Any, item: Any) -> dict:
+    if isinstance(item, Mapping):
+        pci_id = item.get("pci_id")
+        subsystem = item.get("subsystem_id")
+        # The subsystem device ID tells apart boards that share a device ID (A2 and A16).
+        subsystem_device = int(str(subsystem).rsplit(":", 1)[-1], 16) if subsystem else None
+    else:
+        pci_id, subsystem_device = item, None
+    classification = hardware.classify(str(pci_id), subsystem_device)
+    return {**_as_dict(classification), "message": getattr(classification, "message", None)}
+
+
+def gpuprov_classify(devices: Any) -> list[dict]:
+    """Classify PCI devices with gpuprov's hardware table.
+
+    Each item is a PCI ID ("10de:15f8") or a device as gpuprov_pci_devices returns it
+    ({"pci_id": "10de:15f8", "subsystem_id": "10de:118f", ...}).
+    """
+    hardware, _ = _gpuprov()
+    items = _items(devices, "gpuprov_classify")
+    try:
+        return [_classify_one(hardware, item) for item in items]
+    except Exception as exc:  # one line for the admin instead of a traceback
+        raise AnsibleFilterError(f"gpuprov_classify: {exc}") from exc
+
+
+def gpuprov_choose_branch(
+    pci_ids: Any, os_id: str, os_version: str, pinned_branch: Any = None
+) -> dict:
+    """The driver branch for a node with these GPUs on this OS (see gpuprov.driver_branches)."""
+    _, driver_branches = _gpuprov()
+    ids = [str(i) for i in _items(pci_ids, "gpuprov_choose_branch")]
+    # Inventory values arrive as Ansible's own str/int subclasses; gpuprov wants plain ones.
+    pinned = pinned_branch if pinned_branch is None else str(pinned_branch)
+    try:
+        choice = driver_branches.choose_branch(
+            ids, str(os_id), str(os_version), pinned_branch=pinned
+        )
+    except Exception as exc:  # one line for the admin instead of a traceback
+        raise AnsibleFilterError(f"gpuprov_choose_branch: {exc}") from exc
+    return _as_dict(choice)
+
+
+class FilterModule:
+    def filters(self) -> dict:
+        return {
+            "gpuprov_classify": gpuprov_classify,
+            "gpuprov_choose_branch": gpuprov_choose_branch,
+        }

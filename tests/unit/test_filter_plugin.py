@@ -1,0 +1,369 @@
+"""The gpu_preflight role, its sysfs module and the gpuprov filter plugin.
+
+Filters and the module are called directly; the role runs through the real
+`ansible-playbook` (repo's ansible.cfg, JSON callback) against localhost, one inventory host
+per recorded sysfs tree in tests/fixtures/sysfs/, with the OS facts supplied by
+tests/fixtures/ansible/library/gpuprov_test_facts.py so the results do not depend on the
+machine running the tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+from ansible.module_utils.testing import patch_module_args
+
+from gpuprov.probe import pci
+from gpuprov.probe.fs import Root
+
+REPO = Path(__file__).resolve().parents[2]
+SYSFS = REPO / "tests" / "fixtures" / "sysfs"
+CASES = sorted(p.name for p in SYSFS.iterdir() if p.is_dir())
+ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
+# The module must run with a node's plain python3; fall back only where there is none.
+NODE_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+
+P100, K80, H100 = "10de:15f8", "10de:102d", "10de:2330"
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+filters = _load("gpuprov_filter_plugin", REPO / "plugins" / "filter" / "gpuprov.py")
+pci_module = _load(
+    "gpuprov_pci_devices", REPO / "roles" / "gpu_preflight" / "library" / "gpuprov_pci_devices.py"
+)
+
+
+# -- filter plugin ------------------------------------------------------------------------
+
+
+def test_filters_are_registered():
+    assert set(filters.FilterModule().filters()) == {"gpuprov_classify", "gpuprov_choose_branch"}
+
+
+def test_classify_ids_and_devices():
+    by_id, by_device = filters.gpuprov_classify(
+        [P100, {"pci_id": K80, "subsystem_id": "10de:106c", "address": "0000:05:00.0"}]
+    )
+    assert (by_id["name"], by_id["architecture"], by_id["compute_capability"]) == (
+        "Tesla P100-PCIE-16GB",
+        "pascal",
+        "6.0",
+    )
+    assert (by_device["name"], by_device["architecture"], by_device["max_branch"]) == (
+        "Tesla K80",
+        "kepler",
+        470,
+    )
+    assert by_id["message"]
+
+
+def test_classify_unknown_id_is_data_not_error():
+    (gpu,) = filters.gpuprov_classify(["10de:ffff"])
+    assert gpu["status"] == "unknown" and gpu["name"] is None
+
+
+@pytest.mark.parametrize("bad", ["10de:15f8", None, {"pci_id": P100}])
+def test_classify_needs_a_list(bad):
+    with pytest.raises(AnsibleFilterError, match="expects a list"):
+        filters.gpuprov_classify(bad)
+
+
+def test_classify_bad_pci_id_is_one_line():
+    with pytest.raises(AnsibleFilterError, match="^gpuprov_classify: .*not a PCI ID") as info:
+        filters.gpuprov_classify(["nvidia"])
+    assert "\n" not in str(info.value)
+
+
+def test_choose_branch_kepler_and_pin_fallback():
+    auto = filters.gpuprov_choose_branch([K80, K80], "debian", "12")
+    assert (auto["ok"], auto["branch"]) == (True, 470)
+    pinned = filters.gpuprov_choose_branch([K80], "debian", "12", 535)
+    assert (pinned["ok"], pinned["branch"]) == (True, 470)
+    assert any("535" in note for note in pinned["notes"])
+
+
+def test_choose_branch_honours_a_pin_given_as_inventory_string():
+    choice = filters.gpuprov_choose_branch([P100], "ubuntu", "24.04", "550")
+    assert (choice["ok"], choice["branch"]) == (True, 550)
+
+
+def test_choose_branch_mixed_generations_is_not_ok():
+    choice = filters.gpuprov_choose_branch([K80, H100], "debian", "12")
+    assert choice["ok"] is False and choice["branch"] is None
+    assert choice["reason"]
+
+
+def test_choose_branch_bad_pin_is_a_filter_error():
+    with pytest.raises(AnsibleFilterError, match="gpuprov_choose_branch: .*535"):
+        filters.gpuprov_choose_branch([P100], "debian", "12", "latest")
+
+
+def test_missing_gpuprov_says_how_to_install(monkeypatch):
+    import gpuprov
+
+    # What an ansible whose Python lacks gpuprov sees: the import fails.
+    monkeypatch.delattr(gpuprov, "hardware", raising=False)
+    monkeypatch.setitem(sys.modules, "gpuprov.hardware", None)
+    with pytest.raises(AnsibleFilterError, match=r"pip install -e \.$"):
+        filters.gpuprov_classify([P100])
+
+
+# -- sysfs module -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_module_agrees_with_the_probe(case, tmp_path):
+    """Preflight and `gpuprov verify` must count the same GPUs on the same node."""
+    devices = tmp_path / "sys" / "bus" / "pci" / "devices"
+    devices.parent.mkdir(parents=True)
+    devices.symlink_to(SYSFS / case)
+    probe = [
+        (d["address"], d["device_id"], d["class"], d["subsystem_id"], d["numa_node"])
+        for d in pci.collect(Root(str(tmp_path)))
+    ]
+    module = [
+        (d["address"], d["pci_id"], d["class"], d["subsystem_id"], d["numa_node"])
+        for d in pci_module.read_gpus(str(SYSFS / case))
+    ]
+    assert module == probe
+
+
+def test_module_skips_non_gpu_nvidia_functions():
+    gpus = pci_module.read_gpus(str(SYSFS / "h100x8"))
+    assert [g["pci_id"] for g in gpus] == [H100] * 8  # the 4 NVSwitches (class 0x0680) left out
+    assert gpus[0] == {
+        "address": "0000:18:00.0",
+        "pci_id": H100,
+        "class": "0x030200",
+        "subsystem_id": "10de:16c1",
+        "revision": "0xa1",
+        "numa_node": 0,
+    }
+
+
+def test_module_fails_clearly_without_sysfs(tmp_path, capsys):
+    with patch_module_args({"path": str(tmp_path / "missing")}), pytest.raises(SystemExit) as ex:
+        pci_module.main()
+    result = json.loads(capsys.readouterr().out)
+    assert ex.value.code == 1 and result["failed"] is True
+    assert "gpu_preflight_pci_devices_path" in result["msg"]
+
+
+# -- the role, through ansible-playbook ---------------------------------------------------
+
+
+def run_preflight(tmp_path: Path, os_name: str, hosts: dict[str, dict], *args: str) -> tuple:
+    """Run site.yml against localhost aliases; returns (exit code, JSON callback document)."""
+    if not ANSIBLE_PLAYBOOK.exists():
+        pytest.skip(f"no ansible-playbook next to {sys.executable}")
+    inventory = {
+        "all": {
+            "vars": {"ansible_connection": "local", "ansible_python_interpreter": NODE_PYTHON},
+            "children": {
+                "k8s_cluster": {
+                    "children": {
+                        group: {
+                            "hosts": {
+                                name: {
+                                    "gpu_preflight_pci_devices_path": str(SYSFS / spec["sysfs"]),
+                                    **spec.get("vars", {}),
+                                }
+                                for name, spec in hosts.items()
+                                if spec["group"] == group
+                            }
+                        }
+                        for group in ("gpu_nodes", "cpu_nodes")
+                    }
+                }
+            },
+        }
+    }
+    inventory_file = tmp_path / "hosts.yml"
+    inventory_file.write_text(yaml.safe_dump(inventory))
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+        "ANSIBLE_LIBRARY": str(REPO / "tests" / "fixtures" / "ansible" / "library"),
+        "ANSIBLE_FACTS_MODULES": "gpuprov_test_facts",
+        "GPUPROV_TEST_OS": os_name,
+    }
+    proc = subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory_file), "site.yml", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    try:
+        return proc.returncode, json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"ansible-playbook rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+
+
+def task_results(doc: dict, name: str) -> dict[str, dict]:
+    """host -> result of the task with this name (the role prefix stripped)."""
+    for play in doc["plays"]:
+        for task in play["tasks"]:
+            if task["task"]["name"].split(" : ")[-1] == name:
+                return task["hosts"]
+    raise AssertionError(f"no task named {name!r} ran")
+
+
+def facts(doc: dict, host: str) -> dict:
+    """Every fact the role set for the host."""
+    merged: dict = {}
+    for play in doc["plays"]:
+        for task in play["tasks"]:
+            merged.update(task["hosts"].get(host, {}).get("ansible_facts", {}))
+    return merged
+
+
+def failed_task(doc: dict, host: str) -> tuple[str, str]:
+    for play in doc["plays"]:
+        for task in play["tasks"]:
+            result = task["hosts"].get(host, {})
+            if result.get("failed"):
+                return task["task"]["name"].split(" : ")[-1], result["msg"]
+    raise AssertionError(f"{host} did not fail")
+
+
+DEBIAN_LAB = {
+    "gpu-pascal": {"group": "gpu_nodes", "sysfs": "p100x4"},
+    "gpu-kepler": {"group": "gpu_nodes", "sysfs": "k80x2", "vars": {"nvidia_driver_branch": 535}},
+    "gpu-hopper": {"group": "gpu_nodes", "sysfs": "h100x8"},
+    "gpu-mixed": {"group": "gpu_nodes", "sysfs": "k80_h100"},
+    "gpu-empty": {"group": "gpu_nodes", "sysfs": "no_gpu"},
+    "cpu-only": {"group": "cpu_nodes", "sysfs": "no_gpu"},
+}
+
+
+@pytest.fixture(scope="module")
+def debian_run(tmp_path_factory):
+    return run_preflight(tmp_path_factory.mktemp("debian"), "Debian 12", DEBIAN_LAB)
+
+
+def test_bad_nodes_fail_alone(debian_run):
+    rc, doc = debian_run
+    failures = {host: stats["failures"] for host, stats in doc["stats"].items()}
+    assert failures == {
+        "gpu-pascal": 0,
+        "gpu-kepler": 0,
+        "gpu-hopper": 0,
+        "gpu-mixed": 1,
+        "gpu-empty": 1,
+        "cpu-only": 0,
+    }
+    assert rc == 2  # ansible-playbook: some hosts failed
+    assert all(stats["changed"] == 0 for stats in doc["stats"].values())
+
+
+def test_report_line_per_gpu_node(debian_run):
+    _, doc = debian_run
+    report = task_results(doc, "Report the node's GPUs and driver branch")
+    assert report["gpu-pascal"]["msg"].startswith(
+        "gpu-pascal: 4x Tesla P100-PCIE-16GB (pascal, cc 6.0) -> driver branch 535 ("
+    )
+    assert report["gpu-hopper"]["msg"].startswith(
+        "gpu-hopper: 8x NVIDIA H100 80GB HBM3 (hopper, cc 9.0) -> driver branch 535 ("
+    )
+    kepler = report["gpu-kepler"]["msg"]
+    assert kepler.startswith("gpu-kepler: 2x Tesla K80 (kepler, cc 3.7) -> driver branch 470 (")
+    assert "pinned branch 535" in kepler  # says why the pin was not used
+    assert report["cpu-only"]["msg"] == (
+        "cpu-only: no NVIDIA GPU on PCI -> no driver; the GPU roles skip this node"
+    )
+
+
+def test_facts_for_later_roles(debian_run):
+    _, doc = debian_run
+    pascal = facts(doc, "gpu-pascal")
+    assert pascal["gpu_preflight_has_gpu"] is True
+    assert pascal["gpu_preflight_gpu_count"] == 4
+    assert pascal["gpu_preflight_driver_branch"] == 535
+    assert pascal["gpu_preflight_open_kernel_modules_supported"] is False
+    assert [g["address"] for g in pascal["gpu_preflight_gpus"]] == [
+        "0000:04:00.0",
+        "0000:06:00.0",
+        "0000:84:00.0",
+        "0000:86:00.0",
+    ]
+    gpu = pascal["gpu_preflight_gpus"][0]
+    assert (gpu["pci_id"], gpu["architecture"], gpu["numa_node"]) == (P100, "pascal", 0)
+    hopper = facts(doc, "gpu-hopper")
+    assert hopper["gpu_preflight_gpu_count"] == 8
+    assert hopper["gpu_preflight_open_kernel_modules_supported"] is True
+    cpu = facts(doc, "cpu-only")
+    assert cpu["gpu_preflight_has_gpu"] is False
+    assert cpu["gpu_preflight_gpu_count"] == 0
+    assert cpu["gpu_preflight_gpus"] == []
+    assert cpu["gpu_preflight_driver_branch"] is None
+
+
+def test_unsatisfiable_node_fails_with_its_gpus_and_reason(debian_run):
+    _, doc = debian_run
+    task, msg = failed_task(doc, "gpu-mixed")
+    assert task == "Assert that a driver branch installable on this OS supports all GPUs"
+    expected = filters.gpuprov_choose_branch([K80, K80, H100], "debian", "12")["reason"]
+    assert msg == (
+        "gpu-mixed: 2x Tesla K80 (kepler, cc 3.7), 1x NVIDIA H100 80GB HBM3 (hopper, cc 9.0) "
+        f"on Debian 12: {expected}"
+    )
+
+
+def test_gpu_node_without_gpus_fails(debian_run):
+    _, doc = debian_run
+    task, msg = failed_task(doc, "gpu-empty")
+    assert task == "Assert that an expected GPU node has GPUs"
+    assert "move the host to cpu_nodes" in msg
+
+
+def test_check_mode_on_another_os(tmp_path):
+    """--check --diff runs every step; the role hands the node's own OS to the chooser."""
+    rc, doc = run_preflight(
+        tmp_path,
+        "Ubuntu 24",
+        {
+            "gpu-pascal": {"group": "gpu_nodes", "sysfs": "p100x4"},
+            "gpu-kepler": {"group": "gpu_nodes", "sysfs": "k80x2"},
+        },
+        "--check",
+        "--diff",
+    )
+    assert rc == 2
+    assert {h: s["changed"] for h, s in doc["stats"].items()} == {"gpu-pascal": 0, "gpu-kepler": 0}
+    expected = filters.gpuprov_choose_branch([P100] * 4, "ubuntu", "24.04")
+    assert facts(doc, "gpu-pascal")["gpu_preflight_driver_branch"] == expected["branch"]
+    task, msg = failed_task(doc, "gpu-kepler")
+    assert task == "Assert that a driver branch installable on this OS supports all GPUs"
+    assert msg.startswith("gpu-kepler: 2x Tesla K80 (kepler, cc 3.7) on Ubuntu 24: ")
+
+
+def test_unsupported_os_says_what_to_do(tmp_path):
+    rc, doc = run_preflight(
+        tmp_path, "Fedora 40", {"gpu-pascal": {"group": "gpu_nodes", "sysfs": "p100x4"}}
+    )
+    assert rc == 2
+    task, msg = failed_task(doc, "gpu-pascal")
+    assert task == "Assert that the operating system is supported"
+    assert msg.startswith("Fedora 40 is not a supported OS for GPU nodes (supported: Debian 12,")
+    assert "Install a supported OS on gpu-pascal" in msg

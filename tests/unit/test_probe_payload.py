@@ -1,0 +1,251 @@
+"""The probe payload: self-contained, runs on a bare python3, and over a real SSH channel.
+
+The SSH tests run an in-process paramiko server on 127.0.0.1 whose exec requests run
+the command locally (with a minimal environment, as sshd gives one), so run_probe's
+fabric/paramiko path is the production one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import fabric
+import paramiko
+import pytest
+
+from gpuprov import payload
+from gpuprov.errors import ExitCode
+
+ROOTS = Path(__file__).parent.parent / "fixtures" / "probe" / "roots"
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
+pytestmark = pytest.mark.skipif(SYSTEM_PYTHON is None, reason="needs a system python3")
+
+
+def run_payload(args=(), env=None, cwd=None, script=None):
+    return subprocess.run(
+        [SYSTEM_PYTHON, "-I", "-", *args],
+        input=script or payload.probe_script(),
+        capture_output=True,
+        env=env or {"PATH": "/usr/bin:/bin"},
+        cwd=cwd,
+        check=False,
+        timeout=60,
+    )
+
+
+def test_bare_python_cannot_import_pynvml():
+    # The precondition of the next test: only the payload can provide pynvml.
+    proc = subprocess.run(
+        [SYSTEM_PYTHON, "-I", "-c", "import pynvml"],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        check=False,
+    )
+    assert proc.returncode != 0
+
+
+def test_payload_runs_on_bare_python_with_what_it_ships(tmp_path):
+    proc = run_payload(
+        ["--root", str(ROOTS / "gpu-node")],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    report = payload.check_exit(0, proc.stdout.decode(), proc.stderr.decode())
+    # pynvml came from the payload: NVML itself is what is missing on this machine.
+    assert report["nvml"]["error"]["name"] == "NVML_ERROR_LIBRARY_NOT_FOUND"
+    # gpuprov.hardware came along too.
+    assert [d["classification"]["name"] for d in report["pci"]] == [
+        "Tesla P100-PCIE-16GB",
+        "NVIDIA H100 80GB HBM3",
+    ]
+    assert report["probe"]["errors"] == {}
+    assert list(tmp_path.iterdir()) == []  # nothing written on the "node"
+
+
+def test_payload_report_equals_the_in_process_probe():
+    proc = run_payload(["--root", str(ROOTS / "gpu-node")])
+    shipped = payload.parse_report(proc.stdout.decode())
+    local = payload.run_probe_local(root=str(ROOTS / "gpu-node"))
+    for key in ("pci", "kernel_module", "kernel_log", "container_runtime", "summary"):
+        assert shipped[key] == local[key], key
+
+
+def test_payload_ships_the_probe_hardware_table_and_pynvml():
+    assert set(payload.payload_files()) >= {
+        "gpuprov/__init__.py",
+        "gpuprov/hardware.py",
+        "gpuprov/probe/__init__.py",
+        "gpuprov/probe/__main__.py",
+        "gpuprov/probe/nvml.py",
+        "pynvml.py",
+    }
+    assert not any(name.startswith("gpuprov/lab") for name in payload.payload_files())
+
+
+def test_script_is_built_once_and_reproducible():
+    assert payload.probe_script() is payload.probe_script()
+    first = payload.probe_script()
+    payload.probe_script.cache_clear()
+    assert payload.probe_script() == first
+
+
+def test_too_old_python_gets_one_clear_line(monkeypatch):
+    monkeypatch.setattr(payload, "MIN_PYTHON", (99, 0))
+    payload.probe_script.cache_clear()
+    try:
+        proc = run_payload()
+    finally:
+        payload.probe_script.cache_clear()
+    assert proc.returncode == 2
+    with pytest.raises(payload.ProbeError, match=r"needs python3 >= 99\.0, this node has 3\."):
+        payload.check_exit(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+
+def test_parse_report_skips_login_noise():
+    report = payload.parse_report('Welcome to node-1\n{"schema_version": 1, "pci": []}\n')
+    assert report == {"schema_version": 1, "pci": []}
+
+
+@pytest.mark.parametrize(
+    ("rc", "stdout", "stderr", "message"),
+    [
+        (127, "", "bash: python3: command not found", "python3 not found on the node"),
+        (1, "", "Traceback...\nMemoryError", "probe exited 1: MemoryError"),
+        (0, "garbage", "", "probe printed no JSON report"),
+        (0, '{"schema_version": 2}', "", "schema_version 2"),
+    ],
+)
+def test_failures_map_to_probe_error(rc, stdout, stderr, message):
+    with pytest.raises(payload.ProbeError, match=message) as info:
+        payload.check_exit(rc, stdout, stderr, host="node-1")
+    assert info.value.message.startswith("node-1: ")
+    assert info.value.code == ExitCode.CHECK_FAILED
+
+
+# -- over SSH ---------------------------------------------------------------------------------
+class _Server(paramiko.ServerInterface):
+    def __init__(self, env: dict, hang: bool) -> None:
+        self.env = env
+        self.hang = hang
+        self.commands: list[str] = []
+
+    def get_allowed_auths(self, username):
+        return "password"
+
+    def check_auth_password(self, username, password):
+        return paramiko.AUTH_SUCCESSFUL
+
+    def check_channel_request(self, kind, chanid):
+        return paramiko.OPEN_SUCCEEDED
+
+    def check_channel_exec_request(self, channel, command):
+        self.commands.append(command.decode())
+        if not self.hang:
+            threading.Thread(target=self._execute, args=(channel, command), daemon=True).start()
+        return True
+
+    def _execute(self, channel, command):
+        proc = subprocess.Popen(
+            command,
+            shell=True,
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        data = b""
+        while chunk := channel.recv(65536):
+            data += chunk
+        out, err = proc.communicate(data)
+        channel.sendall(out)
+        channel.sendall_stderr(err)
+        channel.send_exit_status(proc.returncode)
+        channel.close()
+
+
+@pytest.fixture(scope="module")
+def host_key():
+    return paramiko.RSAKey.generate(2048)
+
+
+@pytest.fixture
+def ssh_server(host_key):
+    """Start a one-connection SSH server; returns (port, configure(env=, hang=) -> _Server)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    state = {"server": _Server({"PATH": "/usr/bin:/bin"}, hang=False)}
+    transports = []
+
+    def serve():
+        try:
+            sock, _ = listener.accept()
+        except OSError:
+            return
+        transport = paramiko.Transport(sock)
+        transports.append(transport)
+        transport.add_server_key(host_key)
+        transport.start_server(server=state["server"])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    def configure(**kwargs):
+        state["server"] = _Server(**{"env": {"PATH": "/usr/bin:/bin"}, "hang": False, **kwargs})
+        return state["server"]
+
+    yield listener.getsockname()[1], configure
+    listener.close()
+    for transport in transports:
+        transport.close()
+
+
+def _connection(port):
+    return fabric.Connection(
+        "127.0.0.1",
+        port=port,
+        user="probe",
+        connect_kwargs={"password": "x", "look_for_keys": False, "allow_agent": False},
+    )
+
+
+def test_run_probe_over_ssh(ssh_server):
+    port, configure = ssh_server
+    server = configure()
+    with _connection(port) as conn:
+        report = payload.run_probe(conn, timeout=60)
+    assert server.commands == [payload.PROBE_COMMAND]  # one exec request
+    assert report["schema_version"] == 1
+    assert report["nvml"]["error"]["name"] == "NVML_ERROR_LIBRARY_NOT_FOUND"
+    assert report["host"]["hostname"] == socket.gethostname()
+
+
+def test_run_probe_without_python3_on_the_node(ssh_server, tmp_path):
+    port, configure = ssh_server
+    configure(env={"PATH": str(tmp_path)})
+    with _connection(port) as conn, pytest.raises(payload.ProbeError, match="python3 not found"):
+        payload.run_probe(conn, timeout=60)
+
+
+def test_run_probe_times_out(ssh_server):
+    port, configure = ssh_server
+    configure(hang=True)
+    with _connection(port) as conn, pytest.raises(payload.ProbeError, match="timed out"):
+        payload.run_probe(conn, timeout=0.5)
+
+
+def test_unreachable_node():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()  # nothing listens there now
+    conn = fabric.Connection("127.0.0.1", port=port, connect_timeout=5)
+    with pytest.raises(payload.ProbeUnreachable) as info:
+        payload.run_probe(conn, timeout=5)
+    assert info.value.code == ExitCode.UNREACHABLE
+    assert info.value.message.startswith("127.0.0.1: cannot open an SSH session")
