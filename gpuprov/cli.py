@@ -7,7 +7,9 @@ Each sub-command lives in gpuprov/commands/<name>.py and exposes
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+import os
 import sys
 
 from gpuprov import __version__
@@ -24,8 +26,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuprov {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    import importlib
-
     for name in COMMAND_MODULES:
         importlib.import_module(f"gpuprov.commands.{name}").register(subparsers)
     return parser
@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gpuprov: interrupted", file=sys.stderr)
         return int(ExitCode.INTERRUPTED)
+    except BrokenPipeError:
+        # The reader went away (`gpuprov probe --json | head`): not an error worth a
+        # traceback. Point stdout at /dev/null so the interpreter's final flush stays quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return int(ExitCode.OK)
 
 
 if __name__ == "__main__":
