@@ -14,6 +14,7 @@ import argparse
 import concurrent.futures
 import socket
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -37,15 +38,15 @@ def _wait_for_sshd(port: int, deadline: float) -> None:
     raise SystemExit(f"baseline: sshd on 127.0.0.1:{port} did not answer")
 
 
-def baseline(ref: str, tag: str) -> float:
-    """Plain containers + sshd readiness; generated host keys make sshd start."""
+def baseline(ref: str, tag: str, hostkey: Path) -> float:
+    """Plain containers + sshd readiness, with one host key made beforehand (sshd needs one)."""
     names = [f"gpuprov-bench-{tag}-{i}" for i in range(NODES)]
     start = time.monotonic()
 
     def run(name: str) -> int:
         podman.podman(
             "run", "--detach", "--name", name, "--systemd=always", "--publish", "127.0.0.1::22",
-            "--entrypoint", "/bin/sh", ref, "-c", "ssh-keygen -A -q && exec /sbin/init",
+            "--volume", f"{hostkey}:/etc/ssh/ssh_host_ed25519_key:ro", ref, "/sbin/init",
         )
         return int(podman.output("port", name, "22/tcp").rsplit(":", 1)[1])
 
@@ -75,8 +76,11 @@ def main() -> None:
     args = parser.parse_args()
     ref = image.ensure_node_image()  # cached image: building it is not what is measured
     base, ups, downs = [], [], []
+    keydir = tempfile.TemporaryDirectory(prefix="gpuprov-bench-key-")
+    hostkey = Path(keydir.name) / "ssh_host_ed25519_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hostkey)], check=True)
     for i in range(args.rounds):
-        base.append(baseline(ref, str(i)))
+        base.append(baseline(ref, str(i), hostkey))
         up, down = lab_up()
         ups.append(up)
         downs.append(down)
@@ -86,6 +90,7 @@ def main() -> None:
           + ", ".join(f"{x:.2f}" for x in base) + ")")
     print(f"gpuprov lab up: {u:.2f} s  (runs: " + ", ".join(f"{x:.2f}" for x in ups) + ")")
     print(f"gpuprov lab down: {d:.2f} s")
+    keydir.cleanup()
     print(f"lab_up/baseline={u / b:.2f} lab_up_seconds={u:.2f} goal_seconds=60")
 
 
