@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     fault = sub.add_parser("fault", help="switch a simulated hardware fault on or off")
     fault.add_argument("node")
-    fault.add_argument("fault", help="fault name (see SIMULATION.md)")
+    fault.add_argument("fault", help="fault name: gpuprov/lab/SIMULATION.md lists them")
     fault.add_argument("--clear", action="store_true", help="switch the fault off")
     fault.add_argument("--gpu", type=int, default=None, metavar="INDEX",
                        help="GPU index for faults that hit one GPU (default: 0)")

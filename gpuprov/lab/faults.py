@@ -59,6 +59,26 @@ FAULTS: dict[str, Fault] = {
             per_gpu=True,
         ),
         Fault(
+            "double-allocate",
+            "the node's device plugin hands the same GPUs to concurrent pods (broken isolation)",
+            per_gpu=False, layer="kube", needs_gpu=True,
+        ),
+        Fault(
+            "plugin-unregistered",
+            "the device plugin never registers: the node never advertises nvidia.com/gpu",
+            per_gpu=False, layer="kube", needs_gpu=True,
+        ),
+        Fault(
+            "pod-stuck-pending",
+            "the node's kubelet never starts the pods bound to it (they stay Pending)",
+            per_gpu=False, layer="kube", needs_gpu=False,
+        ),
+        Fault(
+            "node-notready",
+            "the node reports Ready=False and gets the not-ready taint",
+            per_gpu=False, layer="kube", needs_gpu=False,
+        ),
+        Fault(
             "hot-gpu",
             "one GPU runs above its slowdown temperature, with the SW and HW thermal slowdown "
             "clock event reasons set",

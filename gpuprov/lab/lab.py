@@ -13,7 +13,11 @@ Lab directory layout (default ./.lab, git-ignored):
     nodes/<node>/pci             simulated /sys/bus/pci/devices
     nodes/<node>/sim             simulated NVML configuration and fault switches (GPU nodes)
     nodes/<node>/ssh_host_ed25519_key[.pub]
+    kube/                        the emulated Kubernetes API: pid, URL, log, fault switches
     apt-archives/<node>/         not removed by `lab down`: downloaded .debs survive rebuilds
+
+Next to the inventory, `lab up` writes inventory/lab/kubeconfig for the emulated API
+(gpuprov/lab/kube/EMULATION.md).
 """
 
 from __future__ import annotations
@@ -31,13 +35,17 @@ from pathlib import Path
 import yaml
 
 from gpuprov.errors import GpuprovError
+from gpuprov.lab import faults as lab_faults
 from gpuprov.lab import image, podman, profiles, simhw
+from gpuprov.lab.kube import app as kube
+from gpuprov.lab.kube import faults as kube_faults
 
 log = logging.getLogger(__name__)
 
 LABEL = "io.gpuprov.lab"
 STATE_FILE = "lab.json"
 INVENTORY = Path("inventory") / "lab" / "hosts.yml"
+KUBECONFIG = Path("inventory") / "lab" / "kubeconfig"
 SSH_READY_TIMEOUT = 90.0
 
 # Variables the lab sets in its inventory because a container is not a server. Each one is a
@@ -83,6 +91,14 @@ class Lab:
     @property
     def inventory_path(self) -> Path:
         return self.project_dir / INVENTORY
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.project_dir / KUBECONFIG
+
+    @property
+    def kube_dir(self) -> Path:
+        return self.dir / "kube"
 
     @property
     def key_path(self) -> Path:
@@ -146,6 +162,11 @@ class Lab:
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(state.nodes)) as pool:
             list(pool.map(self._wait_for_ssh, state.nodes))
         self._write_inventory(state)
+        try:
+            url = kube.start_background(self.kube_dir, lab_dir=self.dir)
+        except RuntimeError as exc:
+            raise GpuprovError(str(exc)) from None
+        kube.write_kubeconfig(self.kubeconfig_path, url)
         return state
 
     def _ensure_ssh_key(self) -> None:
@@ -264,15 +285,17 @@ class Lab:
     # -- down ----------------------------------------------------------------------------
     def down(self) -> list[str]:
         """Remove this lab's containers and files; keep images and downloaded packages."""
+        kube.stop(self.kube_dir)
         out = podman.output("ps", "--all", "--filter", f"label={LABEL}={self.lab_id}",
                             "--format", "{{.Names}}")
         names = [n for n in out.splitlines() if n]
         if names:
             podman.podman("rm", "--force", "--time", "0", *names)
-        for path in (self.dir / "nodes", self.dir / "ssh", self.dir / "nvml"):
+        for path in (self.dir / "nodes", self.dir / "ssh", self.dir / "nvml", self.kube_dir):
             shutil.rmtree(path, ignore_errors=True)
         (self.dir / STATE_FILE).unlink(missing_ok=True)
         self.inventory_path.unlink(missing_ok=True)
+        self.kubeconfig_path.unlink(missing_ok=True)
         return names
 
     # -- status and faults ---------------------------------------------------------------
@@ -280,35 +303,48 @@ class Lab:
         state = self.load()
         if state is None:
             return {"lab_dir": str(self.dir), "up": False, "nodes": []}
-        nodes = []
-        for node in state.nodes:
-            ndir = self.node_dir(node.name)
-            nodes.append({
-                "name": node.name,
-                "profile": node.profile,
-                "container": node.container,
-                "state": _container_status(node.container) or "missing",
-                "ssh": f"127.0.0.1:{node.ssh_port}",
-                "gpus": len(profiles.NODE_PROFILES[node.profile].gpus),
-                "faults": simhw.active_faults(ndir) if node.has_gpu else [],
-            })
+        nodes = [self.status_of(node) for node in state.nodes]
         return {
             "lab_dir": str(self.dir),
             "up": True,
             "image": state.image,
             "inventory": str(self.inventory_path),
+            "kubernetes": {"url": kube.url(self.kube_dir),
+                           "kubeconfig": str(self.kubeconfig_path)},
             "nodes": nodes,
+        }
+
+    def status_of(self, node: Node) -> dict:
+        ndir = self.node_dir(node.name)
+        return {
+            "name": node.name,
+            "profile": node.profile,
+            "container": node.container,
+            "state": _container_status(node.container) or "missing",
+            "ssh": f"127.0.0.1:{node.ssh_port}",
+            "gpus": len(profiles.NODE_PROFILES[node.profile].gpus),
+            "faults": (simhw.active_faults(ndir) if node.has_gpu else [])
+            + kube_faults.active_faults(self.kube_dir, node.name),
         }
 
     def fault(self, node_name: str, fault: str, clear: bool = False,
               gpu_index: int | None = None) -> list[str]:
         node = self.require().node(node_name)
-        ndir = self.node_dir(node.name)
-        if clear:
-            simhw.clear_fault(ndir, fault)
+        spec = lab_faults.get(fault)
+        if spec.layer == "kube":
+            if spec.needs_gpu and not node.has_gpu:
+                raise GpuprovError(
+                    f"node {node.name} has no GPUs: fault {fault!r} needs a GPU node"
+                )
+            if gpu_index is not None:
+                raise GpuprovError(f"fault {fault!r} hits the whole node: leave out --gpu")
+            change = kube_faults.clear_fault if clear else kube_faults.set_fault
+            change(self.kube_dir, node.name, fault)
+        elif clear:
+            simhw.clear_fault(self.node_dir(node.name), fault)
         else:
-            simhw.set_fault(ndir, fault, gpu_index=gpu_index)
-        return simhw.active_faults(ndir)
+            simhw.set_fault(self.node_dir(node.name), fault, gpu_index=gpu_index)
+        return self.status_of(node)["faults"]
 
 
 def plan_nodes(specs: list[str]) -> list[tuple[str, str]]:

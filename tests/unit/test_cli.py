@@ -56,3 +56,16 @@ def test_a_closed_pipe_is_not_a_traceback():
     )
     assert proc.stdout == "{"
     assert "Traceback" not in proc.stderr
+
+
+def test_production_code_never_imports_the_lab():
+    """gpuprov.lab is test infrastructure: the CLI (all parsers built) and the payload must
+    not load it; only `gpuprov lab ...` itself does, when it runs."""
+    code = (
+        "import sys, gpuprov.cli, gpuprov.payload, gpuprov.ssh, gpuprov.driver_branches;"
+        "gpuprov.cli.build_parser();"
+        "print(sorted(m for m in sys.modules if m.startswith('gpuprov.lab')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert proc.stdout.strip() == "[]"

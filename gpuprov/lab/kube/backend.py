@@ -1,0 +1,338 @@
+"""Node backends: where the simulated kubelet and device plugin meet a node.
+
+A backend answers three questions about a node (which GPUs does NVML report, how is the
+container runtime configured, run this command there) and lists the nodes. `LabBackend`
+answers them for `gpuprov lab` nodes (podman containers; the simulated NVML on the host);
+`FakeBackend` answers them from memory and runs commands as local processes, for unit tests.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+# Python 3.11+ (Debian 12, where the lab runs); the lab alone needs it.
+import tomllib
+
+NVIDIA_RUNTIME_BINARY = "nvidia-container-runtime"
+LOG_LIMIT = 1 << 20  # bytes of output kept per container run, like the kubelet's log rotation
+
+
+@dataclass(frozen=True)
+class Gpu:
+    uuid: str
+    healthy: bool = True
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    cpu: str = "8"
+    memory: str = "32Gi"
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """What the node's container runtime can run: handler names whose runtime is NVIDIA's,
+    and the handler used when a pod names no RuntimeClass."""
+
+    nvidia_handlers: frozenset[str] = frozenset()
+    default_handler: str = "runc"
+    runtime: str = "containerd"
+
+    def handler_is_nvidia(self, handler: str | None) -> bool:
+        return (handler or self.default_handler) in self.nvidia_handlers
+
+
+class Process(Protocol):
+    def output(self) -> str: ...
+    def poll(self) -> int | None: ...
+    def kill(self) -> None: ...
+
+
+class NodeBackend(Protocol):
+    def nodes(self) -> list[NodeSpec]: ...
+    def gpus(self, node: str) -> list[Gpu] | None:
+        """GPUs NVML enumerates on the node (None: NVML does not initialise)."""
+    def runtime(self, node: str) -> RuntimeConfig: ...
+    def start(self, node: str, key: str, argv: list[str], env: dict[str, str]) -> Process: ...
+
+
+class LocalProcess:
+    """A child process whose merged stdout/stderr is collected by a reader thread."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], on_kill=None) -> None:
+        self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self._buf = bytearray()
+        self._lock = threading.Lock()
+        self._on_kill = on_kill
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for chunk in iter(lambda: self._proc.stdout.read1(65536), b""):
+            with self._lock:
+                self._buf += chunk
+                if len(self._buf) > LOG_LIMIT:
+                    del self._buf[: len(self._buf) - LOG_LIMIT]
+
+    def output(self) -> str:
+        with self._lock:
+            return self._buf.decode(errors="replace")
+
+    def poll(self) -> int | None:
+        code = self._proc.poll()
+        if code is not None:
+            self._reader.join(timeout=5)  # all output is in before the exit is reported
+        return code
+
+    def kill(self) -> None:
+        if self._on_kill is not None:
+            self._on_kill()
+        if self._proc.poll() is None:
+            self._proc.kill()
+
+
+# -- runtime configuration parsing --------------------------------------------------------------
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _is_nvidia(binary: str, binaries: Iterable[str] | None) -> bool:
+    if NVIDIA_RUNTIME_BINARY not in binary:
+        return False
+    if binaries is None:
+        return True
+    return any(b == binary or os.path.basename(b) == binary for b in binaries)
+
+
+def parse_runtime_config(files: dict[str, str],
+                         binaries: Iterable[str] | None = None) -> RuntimeConfig:
+    """Runtime configuration files (path -> text) -> RuntimeConfig.
+
+    containerd: /etc/containerd/config.toml plus the files its `imports` globs match (what
+    containerd itself reads); config version 2 (`io.containerd.grpc.v1.cri`) and 3
+    (`io.containerd.cri.v1.runtime`). CRI-O: crio.conf and crio.conf.d/*. Docker:
+    daemon.json. `binaries`: the NVIDIA runtime binaries present on the node (None: do not
+    check); a handler whose binary is missing cannot run anything.
+    """
+    binaries = list(binaries) if binaries is not None else None
+    main = files.get("/etc/containerd/config.toml")
+    if main is not None:
+        try:
+            doc = tomllib.loads(main)
+        except tomllib.TOMLDecodeError:
+            doc = {}
+        for pattern in doc.get("imports") or []:
+            if not pattern.startswith("/"):
+                pattern = "/etc/containerd/" + pattern
+            for path in sorted(p for p in files if fnmatch.fnmatch(p, pattern)):
+                try:
+                    doc = _deep_merge(doc, tomllib.loads(files[path]))
+                except tomllib.TOMLDecodeError:
+                    continue
+        plugins = doc.get("plugins") or {}
+        cri = (plugins.get("io.containerd.grpc.v1.cri") or {}).get("containerd") or \
+            (plugins.get("io.containerd.cri.v1.runtime") or {}).get("containerd") or {}
+        handlers = frozenset(
+            name for name, rt in (cri.get("runtimes") or {}).items()
+            if _is_nvidia(str((rt.get("options") or {}).get("BinaryName", "")), binaries))
+        return RuntimeConfig(handlers, cri.get("default_runtime_name", "runc"), "containerd")
+    crio_texts = [t for p, t in sorted(files.items())
+                  if p == "/etc/crio/crio.conf" or p.startswith("/etc/crio/crio.conf.d/")]
+    if crio_texts:
+        doc: dict = {}
+        for text in crio_texts:
+            try:
+                doc = _deep_merge(doc, tomllib.loads(text))
+            except tomllib.TOMLDecodeError:
+                continue
+        runtime = (doc.get("crio") or {}).get("runtime") or {}
+        handlers = frozenset(
+            name for name, rt in (runtime.get("runtimes") or {}).items()
+            if _is_nvidia(str(rt.get("runtime_path", "")), binaries))
+        return RuntimeConfig(handlers, runtime.get("default_runtime", "crun"), "cri-o")
+    if "/etc/docker/daemon.json" in files:
+        try:
+            doc = json.loads(files["/etc/docker/daemon.json"])
+        except ValueError:
+            doc = {}
+        handlers = frozenset(name for name, rt in (doc.get("runtimes") or {}).items()
+                             if _is_nvidia(str(rt.get("path", "")), binaries))
+        return RuntimeConfig(handlers, doc.get("default-runtime", "runc"), "docker")
+    return RuntimeConfig()
+
+
+# -- the fake backend (unit tests) --------------------------------------------------------------
+
+@dataclass
+class FakeNode:
+    gpus: list[Gpu] | None = field(default_factory=list)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    spec: NodeSpec | None = None
+
+
+class FakeBackend:
+    """Nodes held in memory; commands run as local processes with the pod's environment."""
+
+    def __init__(self, nodes: dict[str, FakeNode]) -> None:
+        self.node_map = nodes
+        self.started: list[tuple[str, list[str], dict[str, str]]] = []
+
+    def nodes(self) -> list[NodeSpec]:
+        return [n.spec or NodeSpec(name) for name, n in self.node_map.items()]
+
+    def gpus(self, node: str) -> list[Gpu] | None:
+        return self.node_map[node].gpus
+
+    def runtime(self, node: str) -> RuntimeConfig:
+        return self.node_map[node].runtime
+
+    def start(self, node: str, key: str, argv: list[str], env: dict[str, str]) -> Process:
+        self.started.append((node, argv, env))
+        base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        return LocalProcess(argv, {**base, **env})
+
+
+# -- the lab backend (podman containers) ----------------------------------------------------
+
+_CONFIG_SCRIPT = r"""
+for f in /etc/containerd/config.toml $(find /etc/containerd -name '*.toml' 2>/dev/null) \
+         /etc/crio/crio.conf /etc/crio/crio.conf.d/* /etc/docker/daemon.json; do
+  [ -f "$f" ] && { printf '\n=== %s\n' "$f"; cat "$f"; }
+done
+printf '\n=== binaries\n'
+ls -1 /usr/bin/nvidia-container-runtime* /usr/local/bin/nvidia-container-runtime* 2>/dev/null
+true
+"""
+
+_NVML_SCRIPT = r"""
+import json, pynvml
+try:
+    pynvml.nvmlInit()
+except pynvml.NVMLError as err:
+    print(json.dumps({"error": str(err)})); raise SystemExit(0)
+gpus = []
+for i in range(pynvml.nvmlDeviceGetCount()):
+    try:
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+        gpus.append({"uuid": uuid if isinstance(uuid, str) else uuid.decode(), "healthy": True})
+    except pynvml.NVMLError:
+        gpus.append({"uuid": "", "healthy": False})
+print(json.dumps({"gpus": gpus}))
+"""
+
+RUNTIME_CACHE_SECONDS = 5.0
+
+
+class LabBackend:
+    """`gpuprov lab` nodes: lab.json names them and their containers; the simulated NVML's
+    configuration is on the host under nodes/<node>/sim, read through pynvml and the lab's
+    simulated libnvidia-ml.so.1 (the same path the probe uses, so both see the same GPUs)."""
+
+    def __init__(self, lab_dir: Path) -> None:
+        self.lab_dir = Path(lab_dir)
+        state = json.loads((self.lab_dir / "lab.json").read_text())
+        self.containers = {n["name"]: n["container"] for n in state["nodes"]}
+        self._gpu_cache: dict[str, tuple[tuple, list[Gpu] | None]] = {}
+        self._runtime_cache: dict[str, tuple[float, RuntimeConfig]] = {}
+
+    def nodes(self) -> list[NodeSpec]:
+        # A node container sees the host's CPUs and memory, and so would a kubelet in it.
+        cpu = str(os.cpu_count() or 1)
+        memory = "32Gi"
+        meminfo = Path("/proc/meminfo")
+        if meminfo.exists():
+            for line in meminfo.read_text().splitlines():
+                if line.startswith("MemTotal:"):
+                    memory = f"{line.split()[1]}Ki"
+        return [NodeSpec(name, cpu, memory) for name in self.containers]
+
+    def _podman(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        from gpuprov.lab import podman  # the lab's one way to run podman
+
+        return subprocess.run(["podman", *args], env=podman.environment(), capture_output=True,
+                              timeout=timeout, check=False)
+
+    def gpus(self, node: str) -> list[Gpu] | None:
+        sim = self.lab_dir / "nodes" / node / "sim"
+        if not sim.is_dir():
+            return []
+        signature = tuple(sorted((str(p), p.stat().st_mtime_ns) for p in sim.rglob("*")
+                                 if p.is_file()))
+        cached = self._gpu_cache.get(node)
+        if cached and cached[0] == signature:
+            return cached[1]
+        env = {k: v for k, v in os.environ.items() if k != "NVIDIA_VISIBLE_DEVICES"}
+        env["GPUPROV_SIM_DIR"] = str(sim)
+        env["LD_LIBRARY_PATH"] = str(self.lab_dir / "nvml")
+        proc = subprocess.run([sys.executable, "-c", _NVML_SCRIPT], env=env,
+                              capture_output=True, text=True, timeout=30, check=False)
+        try:
+            doc = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            doc = {"error": proc.stderr.strip()[-200:]}
+        result = None if "error" in doc else [Gpu(g["uuid"], g["healthy"]) for g in doc["gpus"]]
+        self._gpu_cache[node] = (signature, result)
+        return result
+
+    def runtime(self, node: str) -> RuntimeConfig:
+        cached = self._runtime_cache.get(node)
+        if cached and time.monotonic() - cached[0] < RUNTIME_CACHE_SECONDS:
+            return cached[1]
+        proc = self._podman("exec", self.containers[node], "sh", "-c", _CONFIG_SCRIPT)
+        files: dict[str, str] = {}
+        current = None
+        for line in proc.stdout.decode(errors="replace").splitlines():
+            if line.startswith("=== "):
+                current = line[4:]
+                files[current] = ""
+            elif current is not None:
+                files[current] += line + "\n"
+        binaries = files.pop("binaries", "").split()
+        config = parse_runtime_config(files, binaries)
+        self._runtime_cache[node] = (time.monotonic(), config)
+        return config
+
+    def start(self, node: str, key: str, argv: list[str], env: dict[str, str]) -> Process:
+        from gpuprov.lab import podman
+
+        container = self.containers[node]
+        pidfile = f"/run/gpuprov-kube/{key}.pid"
+        # The command runs under a shell that records its pid, so deleting the pod can stop
+        # it inside the node: killing `podman exec` itself would leave it running there.
+        wrapper = f'mkdir -p /run/gpuprov-kube && echo $$ > {pidfile} && exec "$@"'
+        args = ["podman", "exec"]
+        for name, value in env.items():
+            args += ["--env", f"{name}={value}"]
+        args += [container, "sh", "-c", wrapper, "sh", *argv]
+
+        def stop_in_node() -> None:
+            self._podman("exec", container, "sh", "-c",
+                         f'[ -f {pidfile} ] && kill -TERM "$(cat {pidfile})"; rm -f {pidfile}',
+                         timeout=15)
+
+        return LocalProcess(args, podman.environment(), on_kill=stop_in_node)
+
+
+def host_kernel() -> str:
+    return platform.release()

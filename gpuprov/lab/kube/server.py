@@ -1,0 +1,395 @@
+"""The HTTP front of the emulated API server: routing, verbs, watch streams, Status bodies.
+
+HTTP stack: the standard library's ThreadingHTTPServer, deliberately. The emulator serves a
+handful of clients on loopback; one thread per connection is plenty, it adds no dependency to
+the project, and BaseHTTPRequestHandler makes the one unusual need, a chunked watch stream
+that stays open for minutes, a few lines of code. HTTP/1.1 keep-alive is on, as the
+kubernetes client's urllib3 pool expects.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import yaml
+
+from gpuprov.lab.kube import resources, selectors
+from gpuprov.lab.kube.errors import ApiError
+from gpuprov.lab.kube.registry import PODS, Registry
+from gpuprov.lab.kube.resources import ResourceType
+
+log = logging.getLogger(__name__)
+
+# A watch without timeoutSeconds ends after this long, as a real server ends it after a random
+# 30-60 minutes; clients then re-watch from the last resourceVersion.
+DEFAULT_WATCH_SECONDS = 1800
+
+# pods/log: (pod, container, query) -> (text so far, container still running?)
+LogSource = Callable[[dict, str, dict], tuple[str, bool]]
+
+
+def _no_logs(pod: dict, container: str, query: dict) -> tuple[str, bool]:
+    return "", False
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    api: ApiServer
+
+
+class ApiServer:
+    def __init__(self, registry: Registry, host: str = "127.0.0.1", port: int = 0,
+                 logs: LogSource = _no_logs) -> None:
+        self.registry = registry
+        self.logs = logs
+        self._httpd = _Server((host, port), _Handler)
+        self._httpd.api = self
+        self._thread: threading.Thread | None = None
+        self.requests = 0  # served so far: benchmarks count API requests with it
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> str:
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="kube-api",
+                                        daemon=True)
+        self._thread.start()
+        return self.url
+
+    def serve_forever(self) -> None:
+        self._httpd.serve_forever()
+
+    def stop(self) -> None:
+        self.registry.store.close()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def do_GET(self) -> None:  # noqa: N802 (stdlib naming)
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch("DELETE")
+
+    def _send_json(self, code: int, doc: Any) -> None:
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_text(self, code: int, text: str) -> None:
+        data = text.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _start_chunked(self, content_type: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _chunk(self, data: bytes) -> None:
+        if data:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+    def _end_chunked(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        if not length:
+            return None
+        raw = self.rfile.read(length)
+        ctype = self.headers.get("Content-Type", "")
+        try:
+            if "yaml" in ctype:
+                return yaml.safe_load(raw)
+            return json.loads(raw)
+        except (ValueError, yaml.YAMLError) as err:
+            raise ApiError.bad_request(f"could not decode the request body: {err}") from err
+
+    # -- dispatch ------------------------------------------------------------------------------
+    def _dispatch(self, method: str) -> None:
+        api = self.server.api
+        api.requests += 1
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        try:
+            body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else None
+            self._handle(method, url.path, query, body)
+        except ApiError as err:
+            self._send_json(err.code, err.status())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as err:  # a bug in the emulator: say so like a real server would
+            log.exception("internal error on %s %s", method, self.path)
+            self._send_json(500, ApiError(500, "InternalError", f"emulator error: {err}")
+                            .status())
+
+    def _handle(self, method: str, path: str, query: dict, body: Any) -> None:
+        api = self.server.api
+        parts = [p for p in path.split("/") if p]
+        if method == "GET":
+            doc = self._discovery(parts)
+            if doc is not None:
+                if isinstance(doc, str):
+                    self._send_text(200, doc)
+                else:
+                    self._send_json(200, doc)
+                return
+        if len(parts) >= 2 and parts[0] == "api":
+            group, version, rest = "", parts[1], parts[2:]
+        elif len(parts) >= 3 and parts[0] == "apis":
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        rt, namespace, name, sub = self._resolve(group, version, rest)
+        reg = api.registry
+        dry_run = query.get("dryRun") == "All"
+        watch = query.get("watch") in ("true", "1")
+        if sub and rt.subresource(sub) is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if method == "GET":
+            if watch:
+                self._watch(rt, namespace, name, query)
+            elif sub == "log":
+                self._log(namespace or "", name, query)
+            elif name:
+                self._send_json(200, reg.get(rt, namespace or "", name))
+            else:
+                self._list(rt, namespace, query)
+        elif method == "POST":
+            if sub == "eviction":
+                self._send_json(201, reg.evict(namespace or "", name, body))
+            elif sub == "binding":
+                self._send_json(201, reg.bind(namespace or "", name, body))
+            elif name or sub:
+                raise ApiError.method_not_allowed()
+            else:
+                self._send_json(201, reg.create(rt, namespace or "", body, dry_run))
+        elif method == "PUT" and name:
+            self._send_json(200, reg.replace(rt, namespace or "", name, body, sub, dry_run))
+        elif method == "PATCH" and name:
+            ctype = self.headers.get("Content-Type", "application/merge-patch+json")
+            self._send_json(200, reg.patch(rt, namespace or "", name, ctype, body, sub,
+                                           dry_run))
+        elif method == "DELETE" and name and not sub:
+            options = {**(body or {}), **_delete_query(query)}
+            self._send_json(200, reg.delete(rt, namespace or "", name, options, dry_run))
+        elif method == "DELETE" and not sub:
+            options = {**(body or {}), **_delete_query(query)}
+            reg.delete_collection(rt, namespace, query.get("labelSelector"),
+                                  query.get("fieldSelector"), options, dry_run)
+            self._send_json(200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                  "status": "Success"})
+        else:
+            raise ApiError.method_not_allowed()
+
+    def _discovery(self, parts: list[str]) -> dict | str | None:
+        if parts in (["healthz"], ["livez"], ["readyz"]):
+            return "ok"
+        if parts == ["version"]:
+            return resources.version_doc()
+        if parts == ["api"]:
+            host, port = self.server.server_address[:2]
+            return resources.core_versions_doc(f"{host}:{port}")
+        if parts == ["apis"]:
+            return resources.group_list_doc()
+        if len(parts) == 2 and parts[0] == "apis":
+            return resources.group_doc(parts[1]) or _not_found()
+        if len(parts) == 2 and parts[0] == "api":
+            return resources.resource_list_doc("", parts[1]) or _not_found()
+        if len(parts) == 3 and parts[0] == "apis":
+            return resources.resource_list_doc(parts[1], parts[2]) or _not_found()
+        return None
+
+    @staticmethod
+    def _resolve(group: str, version: str,
+                 rest: list[str]) -> tuple[ResourceType, str | None, str, str]:
+        namespace = None
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            rt = resources.find(group, version, rest[2])
+            if rt is not None and rt.namespaced:
+                namespace, rest = rest[1], rest[2:]
+        if not rest or len(rest) > 3:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        rt = resources.find(group, version, rest[0])
+        if rt is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        name = rest[1] if len(rest) > 1 else ""
+        sub = rest[2] if len(rest) > 2 else ""
+        if rt.namespaced and namespace is None and name:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return rt, namespace, name, sub
+
+    # -- list and watch --------------------------------------------------------------------------
+    def _list(self, rt: ResourceType, namespace: str | None, query: dict) -> None:
+        items, rv = self.server.api.registry.list(rt, namespace, query.get("labelSelector"),
+                                                  query.get("fieldSelector"))
+        items = sorted(items, key=lambda o: (o["metadata"].get("namespace", ""),
+                                             o["metadata"]["name"]))
+        self._send_json(200, {"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
+                              "metadata": {"resourceVersion": str(rv)}, "items": items})
+
+    def _watch(self, rt: ResourceType, namespace: str | None, name: str, query: dict) -> None:
+        store = self.server.api.registry.store
+        field_sel = query.get("fieldSelector")
+        if name:
+            field_sel = ",".join(filter(None, [field_sel, f"metadata.name={name}"]))
+        accept = selectors.object_filter(query.get("labelSelector"), field_sel,
+                                         rt.selectable_fields)
+
+        def visible(obj: dict | None) -> bool:
+            if obj is None:
+                return False
+            if namespace is not None and obj["metadata"].get("namespace") != namespace:
+                return False
+            return accept(obj)
+
+        timeout = float(query.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
+        deadline = time.monotonic() + timeout
+        since = query.get("resourceVersion") or ""
+        lines: list[dict] = []
+        with store.lock:
+            if since in ("", "0"):
+                cursor = store.resource_version
+                for obj in store.list(rt, namespace, visible)[0]:
+                    lines.append({"type": "ADDED", "object": obj})
+            else:
+                if not since.isdigit():
+                    raise ApiError.bad_request(f"invalid resourceVersion {since!r}")
+                cursor = int(since)
+        self._start_chunked("application/json")
+        while True:
+            for line in lines:
+                self._chunk(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+            lines = []
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or store.closed:
+                break
+            store.wait(cursor, min(remaining, 5.0))
+            with store.lock:
+                try:
+                    events = list(store.events_after(cursor))
+                except ApiError as err:
+                    lines.append({"type": "ERROR", "object": err.status()})
+                    events = []
+            for ev in events:
+                cursor = ev.rv
+                if ev.rtype != rt.key:
+                    continue
+                now_in, was_in = visible(ev.obj), visible(ev.old)
+                if ev.type == "DELETED":
+                    kind = "DELETED" if was_in else None
+                elif now_in and was_in:
+                    kind = "MODIFIED"
+                elif now_in:
+                    kind = "ADDED"
+                elif was_in:
+                    kind = "DELETED"
+                else:
+                    kind = None
+                if kind:
+                    lines.append({"type": kind, "object": ev.obj})
+            if lines and lines[-1]["type"] == "ERROR":
+                for line in lines:
+                    self._chunk(json.dumps(line).encode() + b"\n")
+                break
+        self._end_chunked()
+
+    # -- pods/log ----------------------------------------------------------------------------------
+    def _log(self, namespace: str, name: str, query: dict) -> None:
+        reg = self.server.api.registry
+        pod = reg.get(PODS, namespace, name)
+        names = [c["name"] for c in pod["spec"].get("containers", [])]
+        names += [c["name"] for c in pod["spec"].get("initContainers") or []]
+        container = query.get("container") or ""
+        if not container:
+            if len(pod["spec"]["containers"]) != 1:
+                raise ApiError.bad_request(
+                    f"a container name must be specified for pod {name}, choose one of: "
+                    f"[{' '.join(names)}]")
+            container = names[0]
+        if container not in names:
+            raise ApiError.bad_request(f"container {container} is not valid for pod {name}")
+        source = self.server.api.logs
+        text, running = source(pod, container, query)
+        if not text and not running and not _container_started(pod, container):
+            raise ApiError.bad_request(
+                f'container "{container}" in pod "{name}" is waiting to start: '
+                "ContainerCreating")
+        if query.get("follow") not in ("true", "1") or not running:
+            self._send_text(200, text)
+            return
+        self._start_chunked("text/plain")
+        self._chunk(text.encode())
+        sent = len(text)
+        while running and not reg.store.closed:
+            time.sleep(0.1)
+            current = reg.find(PODS, namespace, name)
+            if current is None:
+                break
+            text, running = source(current, container, {})
+            self._chunk(text[sent:].encode())
+            sent = len(text)
+        self._end_chunked()
+
+
+def _container_started(pod: dict, container: str) -> bool:
+    status = pod.get("status") or {}
+    for cs in (status.get("containerStatuses") or []) + (status.get("initContainerStatuses")
+                                                         or []):
+        if cs.get("name") == container:
+            return "waiting" not in (cs.get("state") or {"waiting": {}})
+    return False
+
+
+def _delete_query(query: dict) -> dict:
+    out: dict[str, Any] = {}
+    if "gracePeriodSeconds" in query:
+        out["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+    if "propagationPolicy" in query:
+        out["propagationPolicy"] = query["propagationPolicy"]
+    if "orphanDependents" in query:
+        out["orphanDependents"] = query["orphanDependents"] == "true"
+    return out
+
+
+def _not_found() -> dict:
+    raise ApiError(404, "NotFound", "the server could not find the requested resource")
+

@@ -1,0 +1,89 @@
+"""The lab's emulated Kubernetes API, with its kubelet running pods in the real node containers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kubernetes import client, config
+
+from gpuprov.cli import main
+
+WAIT_S = 60
+
+
+@pytest.fixture(scope="module")
+def core(lab):
+    api_client = config.new_client_from_config(config_file=str(lab.kubeconfig_path))
+    yield client.CoreV1Api(api_client)
+    api_client.close()
+
+
+def wait_for(predicate, what: str, timeout: float = WAIT_S):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def ready(node) -> str:
+    return next(c.status for c in node.status.conditions if c.type == "Ready")
+
+
+def test_status_names_the_api_and_the_kubeconfig(lab):
+    doc = lab.status()
+    assert doc["kubernetes"]["url"].startswith("http://127.0.0.1:")
+    assert doc["kubernetes"]["kubeconfig"] == str(lab.kubeconfig_path)
+    assert lab.kubeconfig_path.exists()
+
+
+def test_every_lab_node_is_a_ready_node(core, lab_state):
+    nodes = core.list_node().items
+    assert sorted(n.metadata.name for n in nodes) == sorted(n.name for n in lab_state.nodes)
+    assert all(ready(n) == "True" for n in nodes)
+
+
+def test_a_pod_runs_inside_its_node_container_and_sees_no_gpu(core):
+    name = "lab-hello"
+    core.create_namespaced_pod("default", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": "gpu-pascal"},
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "main", "image": "debian:bookworm",
+                "command": ["sh", "-c", "hostname; echo visible=$NVIDIA_VISIBLE_DEVICES"],
+            }],
+        },
+    })
+    try:
+        phase = wait_for(
+            lambda: core.read_namespaced_pod(name, "default").status.phase
+            in ("Succeeded", "Failed") and core.read_namespaced_pod(name, "default").status.phase,
+            "the pod to finish",
+        )
+        log = core.read_namespaced_pod_log(name, "default")
+        assert phase == "Succeeded", log
+        assert log.split() == ["gpu-pascal", "visible=void"]
+    finally:
+        core.delete_namespaced_pod(name, "default")
+
+
+def test_node_notready_fault_flips_the_node_condition(lab, core):
+    argv = ["lab", "--dir", str(lab.project_dir), "fault", "cpu-only", "node-notready"]
+    assert main(argv) == 0
+    try:
+        assert "node-notready" in lab.status_of(lab.require().node("cpu-only"))["faults"]
+        wait_for(lambda: ready(core.read_node("cpu-only")) == "False", "Ready=False")
+    finally:
+        assert main([*argv, "--clear"]) == 0
+    wait_for(lambda: ready(core.read_node("cpu-only")) == "True", "Ready=True again")
+
+
+def test_a_gpu_fault_of_the_cluster_on_the_cpu_node_is_a_usage_error(lab, capsys):
+    argv = ["lab", "--dir", str(lab.project_dir), "fault", "cpu-only", "double-allocate"]
+    assert main(argv) == 2
+    assert "needs a GPU node" in capsys.readouterr().err
