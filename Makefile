@@ -14,7 +14,7 @@ export PATH := $(BIN):$(PATH)
 
 LAB_INVENTORY := inventory/lab/hosts.yml
 
-.PHONY: help deps venv demo lab-up lab-down test test-unit test-lab lint clean
+.PHONY: help deps venv demo lab-up lab-down test test-unit test-lab test-molecule lint clean
 
 help:
 	@echo "make demo   set everything up, bring up the 4-node lab, run site.yml on it"
@@ -47,10 +47,13 @@ lint: venv
 	ansible-lint
 
 test-unit: venv
-	pytest -m "not lab" tests
+	pytest -m "not lab and not molecule" tests
 
 test-lab: venv
 	pytest -m lab tests
+
+test-molecule: venv
+	pytest -m molecule tests
 
 # One pytest run, so the summary line counts every test.
 test: venv lint

@@ -16,11 +16,13 @@ def repo_root() -> Path:
 
 
 def pytest_collection_modifyitems(items):
-    """Everything under tests/lab/ needs the podman lab: mark it so `-m "not lab"` skips it."""
-    lab_dir = REPO / "tests" / "lab"
+    """Mark tests by directory: tests/lab/ needs the podman lab, tests/molecule/ runs molecule
+    scenarios; `-m "not lab and not molecule"` leaves the fast tests."""
     for item in items:
-        if lab_dir in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.lab)
+        parents = Path(item.fspath).parents
+        for marker in ("lab", "molecule"):
+            if REPO / "tests" / marker in parents:
+                item.add_marker(getattr(pytest.mark, marker))
 
 
 @pytest.fixture(scope="session")

@@ -263,6 +263,8 @@ class Lab:
                     ),
                     "ansible_python_interpreter": "/usr/bin/python3",
                     "gpuprov_lab": True,
+                    # The roles that talk to the Kubernetes API use the lab's emulated one.
+                    "k8s_kubeconfig": str(self.kubeconfig_path),
                     **LAB_OVERRIDES,
                 },
                 "children": {
