@@ -7,6 +7,8 @@ controller, like every filter; nothing here is shipped to nodes.
 
     devices | gpuprov_classify
         -> [{"pci_id", "name", "architecture", "compute_capability", "status", ...}, ...]
+    probe_report.pci | gpuprov_probe_gpus
+        -> [{"address", "pci_id", "class", ..., "name", "architecture", ...}, ...]
     pci_ids | gpuprov_choose_branch(os_id, os_version, nvidia_driver_branch)
         -> {"ok": bool, "branch": 535 | None, "reason": str, "notes": [str],
             "open_kernel_modules": bool, "open_kernel_modules_required": bool, ...}
@@ -35,11 +37,9 @@ def _gpuprov() -> tuple[Any, Any]:
     return hardware, driver_branches
 
 
-def _items(value: Any, filter_name: str) -> list:
+def _items(value: Any, filter_name: str, what: str = "PCI IDs like ['10de:15f8']") -> list:
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        raise AnsibleFilterError(
-            f"{filter_name} expects a list of PCI IDs like ['10de:15f8'], got {value!r}"
-        )
+        raise AnsibleFilterError(f"{filter_name} expects a list of {what}, got {value!r}")
     return list(value)
 
 
@@ -62,7 +62,7 @@ def _classify_one(hardware: Any, item: Any) -> dict:
 def gpuprov_classify(devices: Any) -> list[dict]:
     """Classify PCI devices with gpuprov's hardware table.
 
-    Each item is a PCI ID ("10de:15f8") or a device as gpuprov_pci_devices returns it
+    Each item is a PCI ID ("10de:15f8") or a device as a dict
     ({"pci_id": "10de:15f8", "subsystem_id": "10de:118f", ...}).
     """
     hardware, _ = _gpuprov()
@@ -71,6 +71,29 @@ def gpuprov_classify(devices: Any) -> list[dict]:
         return [_classify_one(hardware, item) for item in items]
     except Exception as exc:  # one line for the admin instead of a traceback
         raise AnsibleFilterError(f"gpuprov_classify: {exc}") from exc
+
+
+def gpuprov_probe_gpus(pci: Any) -> list[dict]:
+    """A probe report's "pci" list (gpuprov/probe/__init__.py) as flat GPU records for roles.
+
+    Each GPU keeps its PCI fields, with "device_id" named "pci_id" as in the other filters,
+    and the classification the probe made on the node merged in. A GPU the hardware table
+    failed on (classification null, classification_error set) is "unknown", so that reports
+    still name it.
+    """
+    hardware, _ = _gpuprov()
+    gpus = []
+    what = "devices, the probe report's pci"
+    for device in _items(pci, "gpuprov_probe_gpus", what):
+        if not isinstance(device, Mapping):
+            raise AnsibleFilterError(f"gpuprov_probe_gpus expects a list of {what}, got {pci!r}")
+        pci_id = device.get("device_id")
+        classification = device.get("classification") or _as_dict(
+            hardware.Classification(pci_id=pci_id, status="unknown")
+        )
+        fields = {k: v for k, v in device.items() if k not in ("device_id", "classification")}
+        gpus.append({**fields, **classification, "pci_id": pci_id})
+    return gpus
 
 
 def gpuprov_choose_branch(
@@ -95,4 +118,5 @@ class FilterModule:
         return {
             "gpuprov_classify": gpuprov_classify,
             "gpuprov_choose_branch": gpuprov_choose_branch,
+            "gpuprov_probe_gpus": gpuprov_probe_gpus,
         }

@@ -1,10 +1,10 @@
-"""The gpu_preflight role, its sysfs module and the gpuprov filter plugin.
+"""The gpu_preflight role, the gpuprov filter plugin and the gpuprov_probe_script lookup.
 
-Filters and the module are called directly; the role runs through the real
+Filters and the lookup are called directly; the role runs through the real
 `ansible-playbook` (repo's ansible.cfg, JSON callback) against localhost, one inventory host
-per recorded sysfs tree in tests/fixtures/sysfs/, with the OS facts supplied by
-tests/fixtures/ansible/library/gpuprov_test_facts.py so the results do not depend on the
-machine running the tests.
+per recorded sysfs tree in tests/fixtures/sysfs/ (the probe's --root), with the OS facts
+supplied by tests/fixtures/ansible/library/gpuprov_test_facts.py so the results do not
+depend on the machine running the tests.
 """
 
 from __future__ import annotations
@@ -19,17 +19,15 @@ from types import ModuleType
 
 import pytest
 import yaml
-from ansible.errors import AnsibleFilterError
-from ansible.module_utils.testing import patch_module_args
+from ansible.errors import AnsibleFilterError, AnsibleLookupError
 
-from gpuprov.probe import pci
-from gpuprov.probe.fs import Root
+from gpuprov import payload
 
 REPO = Path(__file__).resolve().parents[2]
 SYSFS = REPO / "tests" / "fixtures" / "sysfs"
 CASES = sorted(p.name for p in SYSFS.iterdir() if p.is_dir())
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
-# The module must run with a node's plain python3; fall back only where there is none.
+# The probe must run with a node's plain python3; fall back only where there is none.
 NODE_PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
 
 P100, K80, H100 = "10de:15f8", "10de:102d", "10de:2330"
@@ -44,16 +42,25 @@ def _load(name: str, path: Path) -> ModuleType:
 
 
 filters = _load("gpuprov_filter_plugin", REPO / "plugins" / "filter" / "gpuprov.py")
-pci_module = _load(
-    "gpuprov_pci_devices", REPO / "roles" / "gpu_preflight" / "library" / "gpuprov_pci_devices.py"
+lookup = _load(
+    "gpuprov_probe_script_lookup", REPO / "plugins" / "lookup" / "gpuprov_probe_script.py"
 )
+
+
+def probe_pci(case: str) -> list[dict]:
+    """The probe report's pci section for a recorded tree, collected in-process."""
+    return payload.run_probe_local(root=str(SYSFS / case))["pci"]
 
 
 # -- filter plugin ------------------------------------------------------------------------
 
 
 def test_filters_are_registered():
-    assert set(filters.FilterModule().filters()) == {"gpuprov_classify", "gpuprov_choose_branch"}
+    assert set(filters.FilterModule().filters()) == {
+        "gpuprov_classify",
+        "gpuprov_choose_branch",
+        "gpuprov_probe_gpus",
+    }
 
 
 def test_classify_ids_and_devices():
@@ -124,45 +131,57 @@ def test_missing_gpuprov_says_how_to_install(monkeypatch):
         filters.gpuprov_classify([P100])
 
 
-# -- sysfs module -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_module_agrees_with_the_probe(case, tmp_path):
-    """Preflight and `gpuprov verify` must count the same GPUs on the same node."""
-    devices = tmp_path / "sys" / "bus" / "pci" / "devices"
-    devices.parent.mkdir(parents=True)
-    devices.symlink_to(SYSFS / case)
-    probe = [
-        (d["address"], d["device_id"], d["class"], d["subsystem_id"], d["numa_node"])
-        for d in pci.collect(Root(str(tmp_path)))
-    ]
-    module = [
-        (d["address"], d["pci_id"], d["class"], d["subsystem_id"], d["numa_node"])
-        for d in pci_module.read_gpus(str(SYSFS / case))
-    ]
-    assert module == probe
-
-
-def test_module_skips_non_gpu_nvidia_functions():
-    gpus = pci_module.read_gpus(str(SYSFS / "h100x8"))
+def test_probe_gpus_flattens_the_probe_classification():
+    gpus = filters.gpuprov_probe_gpus(probe_pci("h100x8"))
     assert [g["pci_id"] for g in gpus] == [H100] * 8  # the 4 NVSwitches (class 0x0680) left out
-    assert gpus[0] == {
+    gpu = gpus[0]
+    assert {k: gpu[k] for k in ("address", "pci_id", "class", "subsystem_id", "numa_node")} == {
         "address": "0000:18:00.0",
         "pci_id": H100,
         "class": "0x030200",
         "subsystem_id": "10de:16c1",
-        "revision": "0xa1",
         "numa_node": 0,
     }
+    assert (gpu["name"], gpu["architecture"], gpu["compute_capability"]) == (
+        "NVIDIA H100 80GB HBM3",
+        "hopper",
+        "9.0",
+    )
+    assert "classification" not in gpu and "device_id" not in gpu
 
 
-def test_module_fails_clearly_without_sysfs(tmp_path, capsys):
-    with patch_module_args({"path": str(tmp_path / "missing")}), pytest.raises(SystemExit) as ex:
-        pci_module.main()
-    result = json.loads(capsys.readouterr().out)
-    assert ex.value.code == 1 and result["failed"] is True
-    assert "gpu_preflight_pci_devices_path" in result["msg"]
+def test_probe_gpus_names_a_gpu_the_table_failed_on():
+    (device,) = probe_pci("k80x2")[:1]
+    broken = {**device, "classification": None, "classification_error": "KeyError: 'x'"}
+    (gpu,) = filters.gpuprov_probe_gpus([broken])
+    assert (gpu["pci_id"], gpu["status"], gpu["name"]) == (K80, "unknown", None)
+    assert gpu["classification_error"] == "KeyError: 'x'"
+
+
+@pytest.mark.parametrize("bad", [None, {"pci": []}, ["10de:15f8"]])
+def test_probe_gpus_needs_the_pci_list(bad):
+    with pytest.raises(AnsibleFilterError, match="^gpuprov_probe_gpus expects a list of devices"):
+        filters.gpuprov_probe_gpus(bad)
+
+
+# -- gpuprov_probe_script lookup ----------------------------------------------------------
+
+
+def test_lookup_returns_the_probe_script():
+    assert lookup.LookupModule().run([]) == [payload.probe_script().decode("ascii")]
+
+
+def test_lookup_takes_no_terms():
+    with pytest.raises(AnsibleLookupError, match="takes no terms"):
+        lookup.LookupModule().run(["x"])
+
+
+def test_lookup_without_gpuprov_says_how_to_install(monkeypatch):
+    # What an ansible whose Python lacks gpuprov sees: the import fails.
+    monkeypatch.setitem(sys.modules, "gpuprov.payload", None)
+    with pytest.raises(AnsibleLookupError, match=r"pip install -e \.$") as info:
+        lookup.LookupModule().run([])
+    assert "\n" not in str(info.value)
 
 
 # -- the role, through ansible-playbook ---------------------------------------------------
@@ -181,7 +200,7 @@ def run_preflight(tmp_path: Path, os_name: str, hosts: dict[str, dict], *args: s
                         group: {
                             "hosts": {
                                 name: {
-                                    "gpu_preflight_pci_devices_path": str(SYSFS / spec["sysfs"]),
+                                    "gpu_preflight_probe_root": str(SYSFS / spec["sysfs"]),
                                     **spec.get("vars", {}),
                                 }
                                 for name, spec in hosts.items()
@@ -257,9 +276,39 @@ DEBIAN_LAB = {
 }
 
 
+OLD_PYTHON_LINE = "gpuprov probe needs python3 >= 3.9, this node has 3.6.8"
+
+
+def old_python(directory: Path) -> Path:
+    """A node's python3 that runs Ansible's modules but is too old for the probe.
+
+    Ansible runs modules as `python3` (script on stdin, pipelining) or `python3 FILE`; only the
+    probe passes -I. The payload's own version check is tested in test_probe_payload.py; this
+    stands in for its answer on a python 3.6 node.
+    """
+    wrapper = directory / "python3.6"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        # Reads the script first, as python3 does before it runs any of it.
+        f'if [ "$1" = "-I" ]; then cat >/dev/null; echo "{OLD_PYTHON_LINE}" >&2; exit 2; fi\n'
+        f'exec {NODE_PYTHON} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 @pytest.fixture(scope="module")
 def debian_run(tmp_path_factory):
-    return run_preflight(tmp_path_factory.mktemp("debian"), "Debian 12", DEBIAN_LAB)
+    tmp_path = tmp_path_factory.mktemp("debian")
+    hosts = {
+        **DEBIAN_LAB,
+        "gpu-oldpython": {
+            "group": "gpu_nodes",
+            "sysfs": "p100x4",
+            "vars": {"ansible_python_interpreter": str(old_python(tmp_path))},
+        },
+    }
+    return run_preflight(tmp_path, "Debian 12", hosts)
 
 
 def test_bad_nodes_fail_alone(debian_run):
@@ -271,6 +320,7 @@ def test_bad_nodes_fail_alone(debian_run):
         "gpu-hopper": 0,
         "gpu-mixed": 1,
         "gpu-empty": 1,
+        "gpu-oldpython": 1,
         "cpu-only": 0,
     }
     assert rc == 2  # ansible-playbook: some hosts failed
@@ -309,6 +359,11 @@ def test_facts_for_later_roles(debian_run):
     ]
     gpu = pascal["gpu_preflight_gpus"][0]
     assert (gpu["pci_id"], gpu["architecture"], gpu["numa_node"]) == (P100, "pascal", 0)
+    # The whole probe report, for the later roles.
+    probe = pascal["gpu_preflight_probe"]
+    assert probe["schema_version"] == 1
+    assert probe["probe"]["root"] == str(SYSFS / "p100x4")
+    assert probe["summary"]["pci_gpu_count"] == 4
     hopper = facts(doc, "gpu-hopper")
     assert hopper["gpu_preflight_gpu_count"] == 8
     assert hopper["gpu_preflight_open_kernel_modules_supported"] is True
@@ -335,6 +390,15 @@ def test_gpu_node_without_gpus_fails(debian_run):
     task, msg = failed_task(doc, "gpu-empty")
     assert task == "Assert that an expected GPU node has GPUs"
     assert "move the host to cpu_nodes" in msg
+
+
+def test_failed_probe_fails_the_host_with_its_message(debian_run):
+    _, doc = debian_run
+    task, msg = failed_task(doc, "gpu-oldpython")
+    assert task == "Assert that the probe produced a report"
+    assert msg.startswith("gpu-oldpython: the gpuprov probe failed (")
+    assert msg.endswith(f" exited 2): {OLD_PYTHON_LINE}")
+    assert "\n" not in msg
 
 
 def test_check_mode_on_another_os(tmp_path):

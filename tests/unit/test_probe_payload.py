@@ -75,6 +75,21 @@ def test_payload_report_equals_the_in_process_probe():
         assert shipped[key] == local[key], key
 
 
+@pytest.mark.parametrize(("root", "gpus"), [("gpu-node", 2), ("cpu-only", 0)])
+def test_arguments_after_the_dash_reach_the_probe(root, gpus):
+    # How roles run it: `python3 -I - --root DIR`, the script on stdin.
+    proc = run_payload(["--root", str(ROOTS / root)])
+    report = payload.check_exit(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+    assert report["probe"]["root"] == str(ROOTS / root)
+    assert report["summary"]["pci_gpu_count"] == gpus
+
+
+def test_a_bad_argument_is_the_probe_usage_error():
+    proc = run_payload(["--no-such-option"])
+    with pytest.raises(payload.ProbeError, match="unrecognized arguments: --no-such-option$"):
+        payload.check_exit(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+
 def test_payload_ships_the_probe_hardware_table_and_pynvml():
     assert set(payload.payload_files()) >= {
         "gpuprov/__init__.py",

@@ -1,0 +1,62 @@
+"""Ansible lookup that gives roles gpuprov's probe as one self-contained python3 script.
+
+Roles run it on a node with ``python3 -I - [--root DIR]``, the script on stdin, as
+``gpuprov probe`` over SSH does: one probe, shipped from the gpuprov installed on the
+controller, instead of a second GPU reader kept in step with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.errors import AnsibleLookupError
+from ansible.plugins.lookup import LookupBase
+
+DOCUMENTATION = r"""
+name: gpuprov_probe_script
+author: gpuprov maintainers
+short_description: gpuprov's node probe as a self-contained python3 script
+description:
+  - Returns the script that C(gpuprov.payload.probe_script()) builds, as text. Fed to
+    C(python3 -I - [--root DIR]) on a node, it prints the probe's JSON report (see
+    C(gpuprov/probe/__init__.py) for the schema) and writes nothing there.
+  - Needs gpuprov (and nvidia-ml-py) importable by the Python that runs Ansible.
+  - Takes no terms.
+"""
+
+EXAMPLES = r"""
+- name: Run the probe
+  ansible.builtin.command:
+    argv: [python3, -I, -]
+    stdin: "{{ lookup('gpuprov_probe_script') }}"
+  register: probe
+  changed_when: false
+"""
+
+RETURN = r"""
+_raw:
+  description: The probe script, one ASCII string.
+  type: list
+  elements: str
+"""
+
+INSTALL_HINT = (
+    "gpuprov_probe_script: gpuprov is not importable by the Python that runs ansible ({error}): "
+    "install gpuprov in the Python that runs ansible: pip install -e ."
+)
+
+
+class LookupModule(LookupBase):
+    def run(self, terms: list, variables: Any = None, **kwargs: Any) -> list[str]:
+        if terms or kwargs:
+            raise AnsibleLookupError("gpuprov_probe_script takes no terms or options")
+        # Imported on use, not at load time: a playbook that never probes must not fail on a
+        # missing gpuprov. probe_script() imports pynvml, which the payload ships, so both
+        # imports are covered.
+        try:
+            from gpuprov.payload import probe_script
+
+            script = probe_script()
+        except ImportError as exc:
+            raise AnsibleLookupError(INSTALL_HINT.format(error=exc)) from None
+        return [script.decode("ascii")]
