@@ -1,4 +1,4 @@
-"""The emulator's building blocks: patches, selectors, runtime config parsing, process."""
+"""The emulator's building blocks: patches, selectors, runtime config from the probe, process."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from kubernetes import client
 from kubernetes import config as kconfig
 
 from gpuprov.lab.kube import app, patch, selectors
-from gpuprov.lab.kube.backend import parse_runtime_config
+from gpuprov.lab.kube.backend import RuntimeConfig, runtime_from_probe
 from gpuprov.lab.kube.errors import ApiError
+from gpuprov.probe import runtime as probe_runtime
+from gpuprov.probe.fs import Root
 
 
 def test_strategic_merge_uses_the_schema_merge_keys():
@@ -74,6 +76,71 @@ def test_node_affinity_and_taints():
     assert not selectors.untolerated_taints(spec, node)
 
 
+NVIDIA_BIN = "/usr/bin/nvidia-container-runtime"
+BINARIES = {"nvidia-container-runtime": NVIDIA_BIN, "nvidia-ctk": "/usr/bin/nvidia-ctk"}
+ABSENT = {"present": False, "runtimes": {}, "default_runtime_name": None}
+
+
+def probe_report(binaries=BINARIES, **sections) -> dict:
+    """A probe report whose container_runtime has `sections` (containerd=..., crio=...,
+    docker=...: {runtime name: binary}, plus "default" for the default runtime's name)."""
+    runtime = {"containerd": ABSENT, "crio": ABSENT, "docker": ABSENT, "binaries": binaries}
+    for key, spec in sections.items():
+        spec = dict(spec)
+        default = spec.pop("default", None)
+        runtime[key] = {"present": True, "default_runtime_name": default,
+                        "runtimes": {n: {"binary": b} for n, b in spec.items()}}
+    return {"schema_version": 1, "container_runtime": runtime}
+
+
+def test_containerd_nvidia_default_runtime():
+    config = runtime_from_probe(probe_report(
+        containerd={"runc": "", "nvidia": NVIDIA_BIN, "default": "nvidia"}))
+    assert config.runtime == "containerd" and config.default_handler == "nvidia"
+    assert config.nvidia_handlers == {"nvidia"} and config.handler_is_nvidia(None)
+
+
+def test_containerd_nvidia_only_through_a_runtime_class():
+    config = runtime_from_probe(probe_report(
+        containerd={"runc": "", "nvidia": NVIDIA_BIN,
+                    "nvidia-cdi": "/usr/bin/nvidia-container-runtime.cdi", "default": "runc"}))
+    assert config.nvidia_handlers == {"nvidia", "nvidia-cdi"}
+    assert config.handler_is_nvidia("nvidia") and not config.handler_is_nvidia(None)
+
+
+def test_nvidia_runtime_without_its_binary_does_not_count():
+    report = probe_report(binaries={**BINARIES, "nvidia-container-runtime": None},
+                          containerd={"nvidia": NVIDIA_BIN, "default": "nvidia"})
+    config = runtime_from_probe(report)
+    assert config.runtime == "containerd" and not config.nvidia_handlers
+    assert not config.handler_is_nvidia(None)
+
+
+def test_a_runtime_named_nvidia_with_another_binary_does_not_count():
+    config = runtime_from_probe(probe_report(containerd={"nvidia": "/usr/bin/runc"}))
+    assert not config.nvidia_handlers and config.default_handler == "runc"
+
+
+def test_crio_defaults_to_crun_and_docker_to_runc():
+    crio = runtime_from_probe(probe_report(crio={"nvidia": NVIDIA_BIN}))
+    assert crio.runtime == "cri-o" and crio.default_handler == "crun"
+    assert crio.handler_is_nvidia("nvidia") and not crio.handler_is_nvidia(None)
+    docker = runtime_from_probe(probe_report(
+        docker={"nvidia": "nvidia-container-runtime", "default": "nvidia"}))
+    assert docker.runtime == "docker" and docker.handler_is_nvidia(None)
+
+
+def test_containerd_wins_over_crio_and_docker():
+    config = runtime_from_probe(probe_report(containerd={}, crio={"nvidia": NVIDIA_BIN},
+                                             docker={"nvidia": NVIDIA_BIN}))
+    assert config == RuntimeConfig(frozenset(), "runc", "containerd")
+
+
+@pytest.mark.parametrize("report", [{}, {"container_runtime": None}, probe_report()])
+def test_no_runtime_configured_is_plain_containerd(report):
+    assert runtime_from_probe(report) == RuntimeConfig()
+
+
 CONTAINERD_MAIN = """
 version = 2
 imports = ["/etc/containerd/conf.d/*.toml"]
@@ -91,30 +158,21 @@ version = 2
 """
 
 
-def test_containerd_drop_in_counts_only_when_imported():
-    files = {"/etc/containerd/config.toml": CONTAINERD_MAIN,
-             "/etc/containerd/conf.d/99-nvidia.toml": CONTAINERD_NVIDIA}
-    config = parse_runtime_config(files, ["/usr/bin/nvidia-container-runtime"])
-    assert config.handler_is_nvidia(None) and config.nvidia_handlers == {"nvidia"}
-    orphan = {"/etc/containerd/config.toml": CONTAINERD_MAIN.replace("imports", "#"),
-              "/etc/containerd/conf.d/99-nvidia.toml": CONTAINERD_NVIDIA}
-    assert not parse_runtime_config(orphan, ["/usr/bin/nvidia-container-runtime"]) \
-        .nvidia_handlers
-
-
-def test_nvidia_runtime_without_its_binary_does_not_count():
-    files = {"/etc/containerd/config.toml": CONTAINERD_NVIDIA}
-    assert not parse_runtime_config(files, []).nvidia_handlers
-
-
-def test_docker_and_crio_configs():
-    docker = {"/etc/docker/daemon.json": '{"runtimes": {"nvidia": {"path": '
-              '"nvidia-container-runtime"}}, "default-runtime": "nvidia"}'}
-    assert parse_runtime_config(docker).handler_is_nvidia(None)
-    crio = {"/etc/crio/crio.conf.d/99-nvidia.conf": '[crio.runtime.runtimes.nvidia]\n'
-            'runtime_path = "/usr/bin/nvidia-container-runtime"\n'}
-    config = parse_runtime_config(crio)
-    assert config.handler_is_nvidia("nvidia") and not config.handler_is_nvidia(None)
+@pytest.mark.parametrize(("main", "nvidia"), [(CONTAINERD_MAIN, True),
+                                              (CONTAINERD_MAIN.replace("imports", "#"), False)])
+def test_probe_reads_a_containerd_drop_in_only_when_imported(tmp_path, main, nvidia):
+    """End to end through the probe's own parser: the files a node has -> RuntimeConfig."""
+    files = {"etc/containerd/config.toml": main,
+             "etc/containerd/conf.d/99-nvidia.toml": CONTAINERD_NVIDIA,
+             "usr/bin/nvidia-container-runtime": "#!/bin/sh\n"}
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    (tmp_path / "usr/bin/nvidia-container-runtime").chmod(0o755)
+    report = {"container_runtime": probe_runtime.collect(Root(str(tmp_path)))}
+    config = runtime_from_probe(report)
+    assert config.handler_is_nvidia(None) is nvidia
+    assert config.nvidia_handlers == ({"nvidia"} if nvidia else set())
 
 
 def test_background_process_serves_and_stops(tmp_path):

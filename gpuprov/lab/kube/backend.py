@@ -8,21 +8,19 @@ answers them for `gpuprov lab` nodes (podman containers; the simulated NVML on t
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import platform
+import posixpath
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-# Python 3.11+ (Debian 12, where the lab runs); the lab alone needs it.
-import tomllib
+from gpuprov import payload
 
 NVIDIA_RUNTIME_BINARY = "nvidia-container-runtime"
 LOG_LIMIT = 1 << 20  # bytes of output kept per container run, like the kubelet's log rotation
@@ -105,80 +103,39 @@ class LocalProcess:
             self._proc.kill()
 
 
-# -- runtime configuration parsing --------------------------------------------------------------
+# -- runtime configuration, from the probe's report ----------------------------------------------
 
-def _deep_merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
+# (probe section, runtime name, default handler when the config names none), in the order the
+# emulator picks a node's runtime when several are configured.
+_RUNTIME_SECTIONS = (("containerd", "containerd", "runc"), ("crio", "cri-o", "crun"),
+                     ("docker", "docker", "runc"))
 
 
-def _is_nvidia(binary: str, binaries: Iterable[str] | None) -> bool:
-    if NVIDIA_RUNTIME_BINARY not in binary:
+def _runs_nvidia(binary: object, binaries: dict) -> bool:
+    """The handler's binary is NVIDIA's runtime (or its .cdi/.legacy variant) and is installed.
+
+    The probe reports where nvidia-container-runtime itself is; the variants ship in the same
+    package, so its presence stands for theirs."""
+    if not isinstance(binary, str):
         return False
-    if binaries is None:
-        return True
-    return any(b == binary or os.path.basename(b) == binary for b in binaries)
+    name = posixpath.basename(binary)
+    if not name.startswith(NVIDIA_RUNTIME_BINARY):
+        return False
+    return binaries.get(name, binaries.get(NVIDIA_RUNTIME_BINARY)) is not None
 
 
-def parse_runtime_config(files: dict[str, str],
-                         binaries: Iterable[str] | None = None) -> RuntimeConfig:
-    """Runtime configuration files (path -> text) -> RuntimeConfig.
-
-    containerd: /etc/containerd/config.toml plus the files its `imports` globs match (what
-    containerd itself reads); config version 2 (`io.containerd.grpc.v1.cri`) and 3
-    (`io.containerd.cri.v1.runtime`). CRI-O: crio.conf and crio.conf.d/*. Docker:
-    daemon.json. `binaries`: the NVIDIA runtime binaries present on the node (None: do not
-    check); a handler whose binary is missing cannot run anything.
-    """
-    binaries = list(binaries) if binaries is not None else None
-    main = files.get("/etc/containerd/config.toml")
-    if main is not None:
-        try:
-            doc = tomllib.loads(main)
-        except tomllib.TOMLDecodeError:
-            doc = {}
-        for pattern in doc.get("imports") or []:
-            if not pattern.startswith("/"):
-                pattern = "/etc/containerd/" + pattern
-            for path in sorted(p for p in files if fnmatch.fnmatch(p, pattern)):
-                try:
-                    doc = _deep_merge(doc, tomllib.loads(files[path]))
-                except tomllib.TOMLDecodeError:
-                    continue
-        plugins = doc.get("plugins") or {}
-        cri = (plugins.get("io.containerd.grpc.v1.cri") or {}).get("containerd") or \
-            (plugins.get("io.containerd.cri.v1.runtime") or {}).get("containerd") or {}
-        handlers = frozenset(
-            name for name, rt in (cri.get("runtimes") or {}).items()
-            if _is_nvidia(str((rt.get("options") or {}).get("BinaryName", "")), binaries))
-        return RuntimeConfig(handlers, cri.get("default_runtime_name", "runc"), "containerd")
-    crio_texts = [t for p, t in sorted(files.items())
-                  if p == "/etc/crio/crio.conf" or p.startswith("/etc/crio/crio.conf.d/")]
-    if crio_texts:
-        doc: dict = {}
-        for text in crio_texts:
-            try:
-                doc = _deep_merge(doc, tomllib.loads(text))
-            except tomllib.TOMLDecodeError:
-                continue
-        runtime = (doc.get("crio") or {}).get("runtime") or {}
-        handlers = frozenset(
-            name for name, rt in (runtime.get("runtimes") or {}).items()
-            if _is_nvidia(str(rt.get("runtime_path", "")), binaries))
-        return RuntimeConfig(handlers, runtime.get("default_runtime", "crun"), "cri-o")
-    if "/etc/docker/daemon.json" in files:
-        try:
-            doc = json.loads(files["/etc/docker/daemon.json"])
-        except ValueError:
-            doc = {}
-        handlers = frozenset(name for name, rt in (doc.get("runtimes") or {}).items()
-                             if _is_nvidia(str(rt.get("path", "")), binaries))
-        return RuntimeConfig(handlers, doc.get("default-runtime", "runc"), "docker")
+def runtime_from_probe(report: dict) -> RuntimeConfig:
+    """The probe report's container_runtime section -> RuntimeConfig of the first runtime
+    configured on the node (containerd, then CRI-O, then Docker)."""
+    section = report.get("container_runtime") or {}
+    binaries = section.get("binaries") or {}
+    for key, runtime, default in _RUNTIME_SECTIONS:
+        found = section.get(key) or {}
+        if not found.get("present"):
+            continue
+        handlers = frozenset(name for name, spec in (found.get("runtimes") or {}).items()
+                             if _runs_nvidia((spec or {}).get("binary"), binaries))
+        return RuntimeConfig(handlers, found.get("default_runtime_name") or default, runtime)
     return RuntimeConfig()
 
 
@@ -215,16 +172,6 @@ class FakeBackend:
 
 # -- the lab backend (podman containers) ----------------------------------------------------
 
-_CONFIG_SCRIPT = r"""
-for f in /etc/containerd/config.toml $(find /etc/containerd -name '*.toml' 2>/dev/null) \
-         /etc/crio/crio.conf /etc/crio/crio.conf.d/* /etc/docker/daemon.json; do
-  [ -f "$f" ] && { printf '\n=== %s\n' "$f"; cat "$f"; }
-done
-printf '\n=== binaries\n'
-ls -1 /usr/bin/nvidia-container-runtime* /usr/local/bin/nvidia-container-runtime* 2>/dev/null
-true
-"""
-
 _NVML_SCRIPT = r"""
 import json, pynvml
 try:
@@ -247,7 +194,9 @@ RUNTIME_CACHE_SECONDS = 5.0
 class LabBackend:
     """`gpuprov lab` nodes: lab.json names them and their containers; the simulated NVML's
     configuration is on the host under nodes/<node>/sim, read through pynvml and the lab's
-    simulated libnvidia-ml.so.1 (the same path the probe uses, so both see the same GPUs)."""
+    simulated libnvidia-ml.so.1 (the same path the probe uses, so both see the same GPUs).
+    The container runtime's configuration is what the production probe reports, run in the
+    node container."""
 
     def __init__(self, lab_dir: Path) -> None:
         self.lab_dir = Path(lab_dir)
@@ -267,11 +216,23 @@ class LabBackend:
                     memory = f"{line.split()[1]}Ki"
         return [NodeSpec(name, cpu, memory) for name in self.containers]
 
-    def _podman(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    def _podman(self, *args: str, timeout: float = 30,
+                input: bytes | None = None) -> subprocess.CompletedProcess:
         from gpuprov.lab import podman  # the lab's one way to run podman
 
         return subprocess.run(["podman", *args], env=podman.environment(), capture_output=True,
-                              timeout=timeout, check=False)
+                              timeout=timeout, check=False, input=input)
+
+    def probe(self, node: str) -> dict:
+        """The production probe's report from inside the node, shipped as `verify` ships it
+        over SSH ({} when it produced none)."""
+        proc = self._podman("exec", "-i", self.containers[node], *payload.PROBE_COMMAND.split(),
+                            input=payload.probe_script(), timeout=60)
+        try:
+            return payload.parse_report(proc.stdout.decode(errors="replace"), node,
+                                        proc.stderr.decode(errors="replace"))
+        except payload.ProbeError:
+            return {}
 
     def gpus(self, node: str) -> list[Gpu] | None:
         sim = self.lab_dir / "nodes" / node / "sim"
@@ -299,17 +260,7 @@ class LabBackend:
         cached = self._runtime_cache.get(node)
         if cached and time.monotonic() - cached[0] < RUNTIME_CACHE_SECONDS:
             return cached[1]
-        proc = self._podman("exec", self.containers[node], "sh", "-c", _CONFIG_SCRIPT)
-        files: dict[str, str] = {}
-        current = None
-        for line in proc.stdout.decode(errors="replace").splitlines():
-            if line.startswith("=== "):
-                current = line[4:]
-                files[current] = ""
-            elif current is not None:
-                files[current] += line + "\n"
-        binaries = files.pop("binaries", "").split()
-        config = parse_runtime_config(files, binaries)
+        config = runtime_from_probe(self.probe(node))
         self._runtime_cache[node] = (time.monotonic(), config)
         return config
 
