@@ -14,12 +14,13 @@ export PATH := $(BIN):$(PATH)
 
 LAB_INVENTORY := inventory/lab/hosts.yml
 
-.PHONY: help deps venv demo lab-up lab-down test test-unit test-lab test-molecule lint clean
+.PHONY: help deps venv demo lab-up lab-down test test-unit test-lab test-molecule lint bench clean
 
 help:
 	@echo "make demo   set everything up, bring up the 4-node lab, run site.yml on it"
 	@echo "make test   set everything up and run every test (unit, lint, lab)"
 	@echo "make lab-down   remove the demo lab"
+	@echo "make bench  run the benchmarks in bench/ (figures against a baseline of the same run)"
 
 deps:
 	@bash scripts/install-system-deps.sh
@@ -37,6 +38,7 @@ lab-up: venv
 
 demo: lab-up
 	ansible-playbook -i $(LAB_INVENTORY) site.yml
+	gpuprov verify -i $(LAB_INVENTORY)
 
 lab-down: venv
 	gpuprov lab down
@@ -58,6 +60,13 @@ test-molecule: venv
 # One pytest run, so the summary line counts every test.
 test: venv lint
 	pytest tests
+
+# Figures for the notes; each script prints its baseline measured in the same run.
+bench: venv
+	python bench/lab_up.py
+	python bench/kube_list_nodes.py
+	python bench/verify_fanout.py
+	python bench/site_playbook.py
 
 clean: lab-down
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -15,7 +15,7 @@ import sys
 from gpuprov import __version__
 from gpuprov.errors import ExitCode, GpuprovError
 
-COMMAND_MODULES = ("hw", "probe", "lab")
+COMMAND_MODULES = ("hw", "probe", "verify", "status", "manifests", "lab")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         format="gpuprov: %(message)s",
         stream=sys.stderr,
     )
+    if not args.debug:
+        # The libraries' own retry and handshake warnings ("Retrying (Retry(total=0...") come
+        # before gpuprov's one line about the same failure: shown with --debug only.
+        for library in ("urllib3", "paramiko", "kubernetes"):
+            logging.getLogger(library).setLevel(logging.CRITICAL)
     try:
         return int(args.func(args))
     except GpuprovError as exc:

@@ -14,6 +14,8 @@ Lab directory layout (default ./.lab, git-ignored):
     nodes/<node>/sim             simulated NVML configuration and fault switches (GPU nodes)
     nodes/<node>/ssh_host_ed25519_key[.pub]
     kube/                        the emulated Kubernetes API: pid, URL, log, fault switches
+    pkgrepo/                     the simulated NVIDIA container toolkit's signed apt repository
+                                 (pkgrepo.py), mounted read-only in every node; kept by `lab down`
     apt-archives/<node>/         not removed by `lab down`: downloaded .debs survive rebuilds
 
 Next to the inventory, `lab up` writes inventory/lab/kubeconfig for the emulated API
@@ -26,6 +28,7 @@ import concurrent.futures
 import hashlib
 import json
 import logging
+import os
 import shutil
 import subprocess
 import time
@@ -36,7 +39,7 @@ import yaml
 
 from gpuprov.errors import GpuprovError
 from gpuprov.lab import faults as lab_faults
-from gpuprov.lab import image, podman, profiles, simhw
+from gpuprov.lab import image, pkgrepo, podman, profiles, simhw
 from gpuprov.lab.kube import app as kube
 from gpuprov.lab.kube import faults as kube_faults
 
@@ -50,7 +53,20 @@ SSH_READY_TIMEOUT = 90.0
 
 # Variables the lab sets in its inventory because a container is not a server. Each one is a
 # setting real sites may use too; there are no lab-only code paths in the roles.
-LAB_OVERRIDES: dict[str, object] = {}
+LAB_OVERRIDES: dict[str, object] = {
+    # A container runs the host's kernel: Debian has no headers package for it, DKMS builds
+    # nothing, there is no initramfs, and no module can be loaded, so nvidia-persistenced
+    # (which needs /dev/nvidiactl) cannot start. Real nodes keep the defaults (true).
+    "nvidia_driver_install_kernel_headers": False,
+    "nvidia_driver_rebuild_initramfs": False,
+    "nvidia_driver_load_module": False,
+    "nvidia_driver_start_persistenced": False,
+    # NVIDIA's repositories cannot be reached here: the toolkit comes from the lab's own signed
+    # repository (pkgrepo.py), mounted in every node, through the settings an air-gapped site
+    # sets for its mirror. apt verifies it against this key as it would NVIDIA's.
+    "nvidia_container_toolkit_repo_url": pkgrepo.REPO_URL,
+    "nvidia_container_toolkit_repo_key_url": pkgrepo.KEY_URL,
+}
 
 
 @dataclass
@@ -108,6 +124,13 @@ class Lab:
     def known_hosts_path(self) -> Path:
         return self.dir / "ssh" / "known_hosts"
 
+    @property
+    def apt_cache_dir(self) -> Path:
+        # GPUPROV_LAB_APT_CACHE: the test suite's labs live in temporary directories and
+        # share one package cache in the checkout (.cache/) instead of downloading again.
+        override = os.environ.get("GPUPROV_LAB_APT_CACHE")
+        return Path(override).resolve() if override else self.dir / "apt-archives"
+
     def node_dir(self, name: str) -> Path:
         return self.dir / "nodes" / name
 
@@ -147,6 +170,7 @@ class Lab:
         ref = image.ensure_node_image()
         self._ensure_ssh_key()
         library = simhw.build_nvml_library(self.dir / "nvml")
+        repo = pkgrepo.build_repo(self.dir / "pkgrepo")
         state = LabState(
             self.lab_id,
             ref,
@@ -154,7 +178,8 @@ class Lab:
         )
         self._save(state)  # before starting anything: `lab down` can clean a half-made lab
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(state.nodes)) as pool:
-            ports = list(pool.map(lambda n: self._start_node(n, ref, library), state.nodes))
+            ports = list(pool.map(lambda n: self._start_node(n, ref, library, repo.root),
+                                  state.nodes))
         for node, port in zip(state.nodes, ports, strict=True):
             node.ssh_port = port
         self._save(state)
@@ -174,16 +199,16 @@ class Lab:
             self.key_path.parent.mkdir(parents=True, exist_ok=True)
             _ssh_keygen(self.key_path, "gpuprov-lab-admin")
 
-    def _start_node(self, node: Node, ref: str, library: Path) -> int:
+    def _start_node(self, node: Node, ref: str, library: Path, repo: Path) -> int:
         status = _container_status(node.container)
         if status is None:
-            self._create_node(node, ref, library)
+            self._create_node(node, ref, library, repo)
         elif status != "running":
             podman.podman("start", node.container)
         port = podman.output("port", node.container, "22/tcp")
         return int(port.rsplit(":", 1)[1])
 
-    def _create_node(self, node: Node, ref: str, library: Path) -> None:
+    def _create_node(self, node: Node, ref: str, library: Path, repo: Path) -> None:
         ndir = self.node_dir(node.name)
         if ndir.exists():
             shutil.rmtree(ndir)
@@ -191,13 +216,15 @@ class Lab:
         simhw.write_node_state(ndir, node.name, profiles.NODE_PROFILES[node.profile])
         hostkey = ndir / "ssh_host_ed25519_key"
         _ssh_keygen(hostkey, f"root@{node.name}")
-        apt_cache = self.dir / "apt-archives" / node.name
+        apt_cache = self.apt_cache_dir / node.name
         (apt_cache / "partial").mkdir(parents=True, exist_ok=True)
         mounts = {
             ndir / "pci": "/sys/bus/pci/devices",
             self.key_path.with_suffix(".pub"): "/root/.ssh/authorized_keys",
             hostkey: "/etc/ssh/ssh_host_ed25519_key",
             hostkey.with_suffix(".pub"): "/etc/ssh/ssh_host_ed25519_key.pub",
+            # SIMULATION: the local package repository standing in for NVIDIA's (no network).
+            repo: pkgrepo.NODE_PATH,
         }
         if node.has_gpu:
             mounts[ndir / "sim"] = "/etc/gpuprov-sim"

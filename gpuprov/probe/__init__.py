@@ -65,9 +65,10 @@ Schema (schema_version 1; keys are always present, values may be null):
                       libcuda*, cuda*, kmod-/dkms-/firmware-nvidia*),
                     cuda_toolkit [same shape] (a CUDA toolkit installed on the host)
     container_runtime
-                    containerd {present, files [{path, error}], version, runtimes
+                    containerd {present, files [{path, error}] (load order),
+                      import_merge (replace-plugin-tables | deep), version, runtimes
                       {name: {runtime_type, binary}}, default_runtime_name,
-                      nvidia_runtime, default_is_nvidia},
+                      nvidia_runtime, default_is_nvidia} (imports applied as containerd does),
                     docker {present, error, runtimes {name: {binary}},
                       default_runtime_name, nvidia_runtime, default_is_nvidia},
                     crio {present, files, runtimes, default_runtime_name,

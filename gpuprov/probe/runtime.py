@@ -6,10 +6,12 @@ recorded under its "error" and never stops the probe.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import posixpath
 import re
+from collections.abc import Callable
 
 from gpuprov.probe import toml_subset
 from gpuprov.probe.fs import Root
@@ -80,23 +82,132 @@ def _summary(runtimes: dict, default: object, extra: dict) -> dict:
     }
 
 
+# How containerd applies `imports` (cmd/containerd/server/config/config.go, LoadConfig and
+# mergeConfig, in 1.6, 1.7 and 2.x alike apart from the plugin tables):
+# - the main file first, then the imported files breadth-first (an imported file's own
+#   imports queue behind the ones already pending); a path is loaded once;
+# - an import is a path or, when it contains "*", a glob expanded in lexical order; a
+#   relative one is relative to the importing file's directory;
+# - each file is merged over what came before: scalars override (mergo: an empty string,
+#   0 or false in the later file does not), lists are appended, tables merged key by key,
+#   except the tables below, whose entries are replaced whole;
+# - containerd 1.x (Debian 12 ships 1.6) also replaces each `plugins."<id>"` table WHOLE:
+#   a drop-in that sets one key of the CRI plugin drops every other CRI setting of the
+#   files before it (containerd issue #5837). containerd 2.0 merges plugin tables key by
+#   key (containerd PR #9982).
+MERGE_REPLACE = "replace-plugin-tables"  # containerd 1.x
+MERGE_DEEP = "deep"  # containerd 2.x
+_REPLACED_PER_KEY = ("stream_processors", "proxy_plugins", "timeouts")
+
+
+def containerd_merge_mode(version: object, containerd_major: int | None = None) -> str:
+    """Merge rule of the containerd that reads this config.
+
+    Without the binary's version: a version 3 config is only read by containerd 2.x; a
+    version 1 or 2 one is taken as containerd 1.x, the stricter rule (what it finds in a
+    drop-in is also there under 2.x's merge, not always the other way round).
+    """
+    if containerd_major is not None:
+        return MERGE_DEEP if containerd_major >= 2 else MERGE_REPLACE
+    return MERGE_DEEP if isinstance(version, int) and version >= 3 else MERGE_REPLACE
+
+
+def _merge_struct(to: dict, frm: dict) -> None:
+    for key, value in frm.items():
+        current = to.get(key)
+        if isinstance(value, dict) and isinstance(current, dict):
+            _merge_struct(current, value)
+        elif isinstance(value, list) and isinstance(current, list):
+            to[key] = current + copy.deepcopy(value)
+        elif key in to and (value == "" or value is False or value == 0):
+            continue  # mergo.WithOverride leaves the value when the new one is empty
+        else:
+            to[key] = copy.deepcopy(value)
+
+
+def containerd_merge(to: dict, frm: dict, mode: str) -> dict:
+    """Merge one loaded file `frm` over the config loaded so far, as containerd does."""
+    for key, value in frm.items():
+        current = to.get(key)
+        if key == "plugins" and isinstance(value, dict) and isinstance(current, dict):
+            for plugin_id, section in value.items():
+                if mode == MERGE_DEEP and isinstance(section, dict) and isinstance(
+                    current.get(plugin_id), dict
+                ):
+                    _merge(current[plugin_id], copy.deepcopy(section))
+                else:
+                    current[plugin_id] = copy.deepcopy(section)
+        elif key in _REPLACED_PER_KEY and isinstance(value, dict) and isinstance(current, dict):
+            current.update(copy.deepcopy(value))
+        elif key in ("imports", "version"):
+            # containerd rewrites imports to the files it loaded, and keeps the root's
+            # version (2.x refuses a drop-in of a higher version than its root).
+            to.setdefault(key, copy.deepcopy(value))
+        else:
+            _merge_struct(to, {key: value})
+    return to
+
+
+def containerd_imports(parent: str, imports: object, glob: Callable[[str], list[str]]) -> list:
+    """The paths an `imports` list names, in containerd's order (globs sorted)."""
+    paths: list[str] = []
+    for entry in imports if isinstance(imports, list) else []:
+        if not isinstance(entry, str) or not entry:
+            continue
+        path = posixpath.normpath(entry)
+        if not path.startswith("/"):
+            path = posixpath.normpath(posixpath.join(posixpath.dirname(parent), path))
+        paths.extend(sorted(glob(path)) if "*" in path else [path])
+    return paths
+
+
+def containerd_load(
+    main_path: str,
+    load: Callable[[str], tuple[dict | None, dict]],
+    glob: Callable[[str], list[str]],
+    containerd_major: int | None = None,
+) -> tuple[dict, list[dict], str]:
+    """(effective config, file records in load order, merge mode) of a containerd config.
+
+    load(path) -> (parsed document or None when missing/unreadable/malformed, record).
+    """
+    effective: dict = {}
+    records: list[dict] = []
+    loaded: set[str] = set()
+    pending = [main_path]
+    mode = None
+    while pending:
+        path, pending = pending[0], pending[1:]
+        if path in loaded:
+            continue
+        loaded.add(path)
+        doc, record = load(path)
+        records.append(record)
+        if mode is None:
+            mode = containerd_merge_mode((doc or {}).get("version"), containerd_major)
+        if doc is None:
+            continue
+        containerd_merge(effective, doc, mode)
+        pending.extend(containerd_imports(path, doc.get("imports"), glob))
+    return effective, records, mode or MERGE_REPLACE
+
+
 def collect_containerd(root: Root) -> dict:
     if not root.exists(CONTAINERD_CONFIG):
-        return {"present": False, "files": [], **_summary({}, None, {"version": None})}
-    merged, record = _load_toml(root, CONTAINERD_CONFIG)
-    files = [record]
-    imports = merged.get("imports", [])
-    # containerd resolves relative imports against the main file's directory, expands
-    # globs, and merges each imported file over what came before.
-    for pattern in imports if isinstance(imports, list) else []:
-        if not isinstance(pattern, str):
-            continue
-        if not pattern.startswith("/"):
-            pattern = posixpath.join(posixpath.dirname(CONTAINERD_CONFIG), pattern)
-        for path in root.glob(pattern):
-            doc, record = _load_toml(root, path)
-            files.append(record)
-            _merge(merged, doc)
+        return {
+            "present": False,
+            "files": [],
+            "import_merge": None,
+            **_summary({}, None, {"version": None}),
+        }
+
+    def load(path: str) -> tuple[dict | None, dict]:
+        if not root.exists(path):
+            return None, {"path": path, "error": "missing"}
+        doc, record = _load_toml(root, path)
+        return (None if record["error"] else doc), record
+
+    merged, files, mode = containerd_load(CONTAINERD_CONFIG, load, root.glob)
     runtimes: dict = {}
     default = None
     for keys in CONTAINERD_CRI_TABLES:
@@ -114,6 +225,7 @@ def collect_containerd(root: Root) -> dict:
     return {
         "present": True,
         "files": files,
+        "import_merge": mode,
         **_summary(runtimes, default, {"version": merged.get("version")}),
     }
 

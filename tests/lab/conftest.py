@@ -6,8 +6,13 @@ a developer's `make demo` lab. GPUPROV_KEEP_LAB=1 leaves it up after the session
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,12 +20,16 @@ from gpuprov.cli import main
 from gpuprov.lab.lab import Lab
 from gpuprov.ssh import SshTarget, connect
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory) -> Lab:
     if shutil.which("podman") is None:
         pytest.fail("podman is missing: run `make deps` (the lab tests need it)")
     project = tmp_path_factory.mktemp("labproject")
+    # Packages the nodes download survive the session's temporary lab (make test reruns).
+    os.environ.setdefault("GPUPROV_LAB_APT_CACHE", str(REPO / ".cache" / "apt-archives" / "lab"))
     assert main(["lab", "--dir", str(project), "up"]) == 0
     the_lab = Lab(project)
     yield the_lab
@@ -63,3 +72,55 @@ def clean_faults(lab):
         for fault in node["faults"]:
             lab.fault(node["name"], fault.split(":")[0], clear=True)
 
+
+
+def run_playbook(lab: Lab, playbook: str, *extra: str, timeout: float = 1500) -> tuple[int, dict]:
+    """ansible-playbook against the lab, its result as the ansible.posix.json document."""
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+               ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(lab.inventory_path),
+         playbook, *extra],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    try:
+        doc = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"ansible-playbook printed no JSON (rc {proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}") from None
+    return proc.returncode, doc
+
+
+@pytest.fixture(scope="session")
+def playbook(lab):
+    """playbook("site.yml", "--check") -> (rc, ansible.posix.json document)."""
+    return lambda name, *extra: run_playbook(lab, name, *extra)
+
+
+# An admin's containerd settings, planted on the GPU nodes before the first site.yml: the
+# toolkit role must add NVIDIA's runtime without losing any of them (Debian's default
+# config.toml plus a top-level and a CRI setting).
+PLANTED_CONTAINERD = """version = 2
+oom_score = -999
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "registry.example/pause:3.9"
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "/var/lib/containerd/opt"
+"""
+
+
+@pytest.fixture(scope="session")
+def site_run(lab) -> tuple[int, dict]:
+    """The first `ansible-playbook site.yml` on the bare lab, run once per session: the tests
+    of site.yml read its result, and the tests of verify need the converged lab."""
+    for node in lab.require().nodes:
+        if node.has_gpu:
+            with connect(node_target(lab, node.name)) as conn:
+                conn.put(io.StringIO(PLANTED_CONTAINERD), "/etc/containerd/config.toml")
+                conn.run("systemctl restart containerd", hide=True, in_stream=False)
+    return run_playbook(lab, "site.yml")

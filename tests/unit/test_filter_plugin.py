@@ -188,7 +188,8 @@ def test_lookup_without_gpuprov_says_how_to_install(monkeypatch):
 
 
 def run_preflight(tmp_path: Path, os_name: str, hosts: dict[str, dict], *args: str) -> tuple:
-    """Run site.yml against localhost aliases; returns (exit code, JSON callback document)."""
+    """Run the preflight stage against localhost aliases (only it: the later stages would
+    change this machine); returns (exit code, JSON callback document)."""
     if not ANSIBLE_PLAYBOOK.exists():
         pytest.skip(f"no ansible-playbook next to {sys.executable}")
     inventory = {
@@ -225,7 +226,7 @@ def run_preflight(tmp_path: Path, os_name: str, hosts: dict[str, dict], *args: s
         "GPUPROV_TEST_OS": os_name,
     }
     proc = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory_file), "site.yml", *args],
+        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory_file), "playbooks/preflight.yml", *args],
         cwd=REPO,
         env=env,
         capture_output=True,

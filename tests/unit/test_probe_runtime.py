@@ -22,23 +22,93 @@ def toml_parser(request, monkeypatch):
     return request.param
 
 
-def test_containerd_v2_with_nvidia_drop_in(toml_parser):
+def test_containerd_v2_drop_in_replaces_the_whole_cri_plugin_table(toml_parser):
+    """containerd 1.x (config version 2): the drop-in's plugins."io.containerd.grpc.v1.cri"
+    replaces the main file's WHOLE table (containerd issue #5837): runc, sandbox_image and
+    the snapshotter of config.toml are gone, because this drop-in names only nvidia."""
     doc = runtime.collect_containerd(GPU_NODE)
     assert doc["present"] is True and doc["version"] == 2
+    assert doc["import_merge"] == runtime.MERGE_REPLACE
     assert doc["files"] == [
         {"path": "/etc/containerd/config.toml", "error": None},
         {"path": "/etc/containerd/conf.d/99-nvidia.toml", "error": None},
     ]
     assert doc["runtimes"] == {
-        "runc": {"runtime_type": "io.containerd.runc.v2", "binary": ""},
         "nvidia": {
             "runtime_type": "io.containerd.runc.v2",
             "binary": "/usr/bin/nvidia-container-runtime",
         },
     }
-    # The drop-in overrides the main file's default runtime.
     assert doc["default_runtime_name"] == "nvidia"
     assert doc["nvidia_runtime"] is True and doc["default_is_nvidia"] is True
+
+
+def _write(tmp_path, files: dict) -> Root:
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    return Root(str(tmp_path))
+
+
+def test_containerd_v3_drop_in_merges_key_by_key(tmp_path, toml_parser):
+    """containerd 2.x (config version 3) merges plugin tables key by key (PR #9982)."""
+    cri = '[plugins."io.containerd.cri.v1.runtime".containerd'
+    root = _write(tmp_path, {
+        "etc/containerd/config.toml": (
+            'version = 3\nimports = ["conf.d/*.toml"]\n'
+            f'{cri}]\ndefault_runtime_name = "runc"\n'
+            f'{cri}.runtimes.runc]\nruntime_type = "io.containerd.runc.v2"\n'
+        ),
+        "etc/containerd/conf.d/99-nvidia.toml": (
+            f'version = 3\n{cri}.runtimes.nvidia.options]\n'
+            'BinaryName = "/usr/bin/nvidia-container-runtime"\n'
+        ),
+    })
+    doc = runtime.collect_containerd(root)
+    assert doc["import_merge"] == runtime.MERGE_DEEP
+    assert set(doc["runtimes"]) == {"runc", "nvidia"}
+    assert doc["default_runtime_name"] == "runc" and doc["nvidia_runtime"] is True
+
+
+def test_containerd_import_order_and_rules(tmp_path, toml_parser):
+    """Breadth-first, globs sorted, relative paths against the importing file, each file
+    once, a later empty value does not override, lists append, a missing import is named."""
+    cri_table = '[plugins."io.containerd.grpc.v1.cri"]'
+    root = _write(tmp_path, {
+        "etc/containerd/config.toml": (
+            'version = 2\noom_score = -999\ndisabled_plugins = ["a"]\n'
+            'imports = ["d/*.toml", "/etc/containerd/missing.toml", "config.toml"]\n'
+            '[plugins."io.containerd.grpc.v1.cri"]\nsandbox_image = "main"\n'
+        ),
+        "etc/containerd/d/20-b.toml": (
+            'oom_score = 0\ndisabled_plugins = ["b"]\nimports = ["../nested.toml"]\n'
+            '[plugins."io.containerd.grpc.v1.cri"]\nsandbox_image = "b"\n'
+        ),
+        "etc/containerd/d/10-a.toml": f'{cri_table}\nsandbox_image = "a"\n',
+        "etc/containerd/nested.toml": f'{cri_table}\nsandbox_image = "n"\n',
+    })
+    files: list = []
+
+    def load(path):
+        doc, record = (None, {"path": path, "error": "missing"})
+        if root.exists(path):
+            doc = toml_subset.loads(root.read(path))
+            record = {"path": path, "error": None}
+        files.append(path)
+        return doc, record
+
+    merged, records, mode = runtime.containerd_load("/etc/containerd/config.toml", load, root.glob)
+    assert files == [
+        "/etc/containerd/config.toml",
+        "/etc/containerd/d/10-a.toml",
+        "/etc/containerd/d/20-b.toml",
+        "/etc/containerd/missing.toml",
+        "/etc/containerd/nested.toml",
+    ]
+    assert records[3] == {"path": "/etc/containerd/missing.toml", "error": "missing"}
+    assert mode == runtime.MERGE_REPLACE
+    assert merged["plugins"]["io.containerd.grpc.v1.cri"] == {"sandbox_image": "n"}
+    assert merged["oom_score"] == -999 and merged["disabled_plugins"] == ["a", "b"]
 
 
 def test_containerd_v3_and_a_malformed_drop_in(toml_parser):

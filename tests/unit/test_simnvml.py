@@ -361,6 +361,18 @@ def test_persistence_mode_follows_nvidia_persistenced(library, tmp_path):
     assert {g["persistence_mode"] for g in query(library, node)["gpus"]} == {1}
 
 
+def test_persistence_mode_follows_nvidia_persistenced_enabled_at_boot(library, tmp_path):
+    node = make_node(tmp_path, "gpu-pascal")
+    root = tmp_path / "root"
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(parents=True)
+    _with_node_root(node, root)
+    assert {g["persistence_mode"] for g in query(library, node)["gpus"]} == {0}
+    unit = "/lib/systemd/system/nvidia-persistenced.service"
+    (wants / "nvidia-persistenced.service").symlink_to(unit)
+    assert {g["persistence_mode"] for g in query(library, node)["gpus"]} == {1}
+
+
 # -- the library itself ----------------------------------------------------------------------
 API_SEMANTICS = r"""
 import ctypes, json, pynvml as N

@@ -189,6 +189,10 @@ print(json.dumps({"gpus": gpus}))
 """
 
 RUNTIME_CACHE_SECONDS = 5.0
+# A GPU pod's PATH in a lab node: the simulated nvidia-smi (gpuprov/lab/image/nvidia-smi, the
+# one the container toolkit would inject) before the node's own, which would be Debian's real
+# nvidia-smi once the driver is installed, and which cannot talk to the simulated NVML.
+SIM_PATH = "/opt/gpuprov-sim/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class LabBackend:
@@ -272,6 +276,9 @@ class LabBackend:
         # The command runs under a shell that records its pid, so deleting the pod can stop
         # it inside the node: killing `podman exec` itself would leave it running there.
         wrapper = f'mkdir -p /run/gpuprov-kube && echo $$ > {pidfile} && exec "$@"'
+        if env.get("NVIDIA_VISIBLE_DEVICES", "void") not in ("void", "none", ""):
+            # What NVIDIA's runtime does to a GPU container: its nvidia-smi is there to run.
+            env = {"PATH": SIM_PATH, **env}
         args = ["podman", "exec"]
         for name, value in env.items():
             args += ["--env", f"{name}={value}"]

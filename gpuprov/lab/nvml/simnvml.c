@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 /* ---- NVML ABI (values and layouts as in nvml.h) --------------------------------------- */
@@ -536,14 +537,22 @@ static int cuda_version_for(const struct sim_state *st, const char *driver)
     return cuda;
 }
 
-/* Persistence mode follows a running nvidia-persistenced, as on a server, unless pinned. */
+/* Persistence mode follows nvidia-persistenced, as on a server, unless pinned: Enabled while
+ * it runs, or when it is enabled at boot. SIMULATION: a lab node cannot run the daemon (it
+ * needs /dev/nvidiactl from a loaded kernel module); a server that starts it at boot has
+ * persistence on from then on, so an enabled unit stands for a daemon that would run. */
 static int persistence_enabled(const struct sim_state *st)
 {
     char path[PATH_MAX], buf[32];
+    struct stat link;
     FILE *f;
     long pid;
     if (strcmp(st->persistence_mode, "auto"))
         return !strcmp(st->persistence_mode, "1");
+    if (snprintf(path, sizeof path,
+                 "%s/etc/systemd/system/multi-user.target.wants/nvidia-persistenced.service",
+                 st->node_root) < (int)sizeof path && lstat(path, &link) == 0)
+        return 1;
     if (snprintf(path, sizeof path, "%s/run/nvidia-persistenced/nvidia-persistenced.pid",
                  st->node_root) >= (int)sizeof path)
         return 0;

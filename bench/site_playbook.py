@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Benchmark: `ansible-playbook site.yml` on a fresh 4-node lab, first and second run.
+
+Prints, from one run:
+  - the first run (bare nodes -> GPU nodes) and the second, idempotent run (goal: second at
+    most 25% of the first);
+  - packages the driver role installed on each Debian GPU node (dpkg before/after), against
+    what Debian's `nvidia-driver` metapackage would install on the same node before the run
+    (`apt-get install -s`, counted in the same run; the goal is at most 75).
+
+    .venv/bin/python bench/site_playbook.py [--keep]
+
+Downloaded packages come from the checkout's cache (.cache/apt-archives/lab), as in the tests,
+so the first run measures installing, not the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+GPU_NODES = ("gpu-kepler", "gpu-pascal", "gpu-hopper")
+
+
+def ssh(lab, node: str, command: str) -> str:
+    return subprocess.run(lab.ssh_command(lab.require().node(node), command),
+                          capture_output=True, text=True, check=True).stdout
+
+
+def installed(lab, node: str) -> int:
+    out = ssh(lab, node, "dpkg-query -W -f '${db:Status-Abbrev}\\n'")
+    return sum(1 for line in out.splitlines() if line[1:2] == "i")
+
+
+def metapackage_count(lab, node: str) -> int:
+    """What `apt-get install nvidia-driver` would add here (non-free enabled for the question
+    only, in a throw-away copy of the node's sources)."""
+    script = (
+        "set -e; d=$(mktemp -d); cp -r /etc/apt/sources.list* $d/; "
+        "echo 'deb http://deb.debian.org/debian bookworm main contrib non-free "
+        "non-free-firmware' > $d/extra.list; "
+        "o=\"-o Dir::Etc::SourceList=$d/extra.list -o Dir::Etc::SourceParts=$d/sources.list.d "
+        "-o Dir::State::Lists=$d/lists\"; mkdir -p $d/lists/partial; "
+        "apt-get $o update -qq >/dev/null; apt-get $o install -s nvidia-driver | grep -c '^Inst '"
+    )
+    return int(ssh(lab, node, script).strip())
+
+
+def site(lab) -> float:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
+    start = time.monotonic()
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(lab.inventory_path),
+                           "site.yml"], cwd=REPO, env=env, capture_output=True, text=True)
+    elapsed = time.monotonic() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"site.yml failed ({proc.returncode}):\n{proc.stdout[-4000:]}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", action="store_true", help="leave the lab up afterwards")
+    args = parser.parse_args()
+    os.environ.setdefault("GPUPROV_LAB_APT_CACHE", str(REPO / ".cache" / "apt-archives" / "lab"))
+    from gpuprov.lab.lab import Lab
+
+    lab = Lab(Path(tempfile.mkdtemp(prefix="gpuprov-bench-site-")))
+    try:
+        lab.up()
+        before = {n: installed(lab, n) for n in GPU_NODES}
+        metapackage = metapackage_count(lab, "gpu-pascal")
+        first = site(lab)
+        second = site(lab)
+        added = {n: installed(lab, n) - before[n] for n in GPU_NODES}
+        print(f"site.yml on the 4-node lab: first run {first:.1f} s, second run {second:.1f} s")
+        for node in GPU_NODES:
+            print(f"{node}: the roles installed {added[node]} packages")
+        print(f"Debian's nvidia-driver metapackage on a bare node: {metapackage} packages")
+        print(f"second/first={second / first:.2f} (goal <= 0.25) "
+              f"driver_packages/metapackage={max(added.values()) / metapackage:.2f} "
+              f"max_driver_packages={max(added.values())} (goal <= 75)")
+    finally:
+        if not args.keep:
+            lab.down()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""`gpuprov verify`: prove every GPU node works (see gpuprov/verify/)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from gpuprov.errors import GpuprovError
+from gpuprov.output import print_json
+
+
+def _ids(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _positive(kind: type) -> object:
+    def parse(text: str) -> object:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+        return value
+
+    return parse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "verify",
+        help="check that every GPU node works, from NVML to Kubernetes",
+        description="Run the probe on every node of the inventory's gpu_nodes and "
+        "k8s_cluster groups and check NVML, the driver, GPU health, the container runtime "
+        "and, with a kubeconfig, the Kubernetes view. Exit 0: all passed; 1: a check "
+        "failed; 2: bad input; 3: a host was unreachable and nothing failed.",
+    )
+    parser.add_argument("-i", "--inventory", metavar="INVENTORY",
+                        help="Ansible inventory (default: Ansible's configured one)")
+    parser.add_argument("--limit", metavar="PATTERN", help="Ansible host pattern")
+    parser.add_argument("--kubeconfig", metavar="FILE",
+                        help="default: the inventory's k8s_kubeconfig, $KUBECONFIG, "
+                        "~/.kube/config")
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    selection = parser.add_mutually_exclusive_group()
+    selection.add_argument("--checks", metavar="IDS", type=_ids, default=(),
+                           help="comma-separated check ids or families (gpu, k8s) to run")
+    selection.add_argument("--skip", metavar="IDS", type=_ids, default=(),
+                           help="comma-separated check ids or families to leave out")
+    parser.add_argument("--no-pods", action="store_true",
+                        help="leave out the pod phase (smoke pods)")
+    parser.add_argument("--image", metavar="IMAGE",
+                        help="CUDA image for pods.cuda-compat")
+    parser.add_argument("--timeout", metavar="SECONDS", type=_positive(float), default=60.0,
+                        help="per-host timeout (default 60)")
+    parser.add_argument("--concurrency", metavar="N", type=_positive(int), default=32,
+                        help="nodes probed at once (default 32)")
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    parser.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show skipped checks and each problem's details")
+    # SUPPRESS: `gpuprov --debug verify` keeps working (the main parser's flag).
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks and debug logs")
+    parser.set_defaults(func=run)
+
+
+def _progress(done: int, total: int, name: str) -> None:
+    end = "\n" if done == total else ""
+    sys.stderr.write(f"\r\033[Kprobed {done}/{total}: {name}{end}")
+    sys.stderr.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from gpuprov.verify import inventory, report, runner
+
+    if getattr(args, "debug", False):
+        logging.getLogger().setLevel(logging.DEBUG)
+    nodes = inventory.load(resolve_inventory(args.inventory), args.limit)
+    options = runner.Options(only=args.checks, skip=args.skip, timeout=args.timeout,
+                             concurrency=args.concurrency, kubeconfig=args.kubeconfig,
+                             context=args.context, pods=not args.no_pods, image=args.image)
+    # SIGTERM (a CI job cancelled) unwinds like Ctrl-C: the smoke namespace is removed.
+    signal.signal(signal.SIGTERM, _interrupt)
+    progress = _progress if sys.stderr.isatty() and not args.json else None
+    findings = runner.run(nodes, options, progress=progress)
+    if args.junit:
+        try:
+            report.write_junit(findings, args.junit)
+        except OSError as exc:
+            raise GpuprovError(f"cannot write JUnit report {args.junit}: {exc.strerror}") from None
+    if args.json:
+        print_json(report.json_document(findings))
+    else:
+        print(report.table(findings, verbose=args.verbose, colour=sys.stdout.isatty()))
+    return int(report.exit_code(findings))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def resolve_inventory(given: str | None) -> str:
+    """-i INVENTORY, else the inventory ansible.cfg names (as ansible-playbook would)."""
+    return given or _ansible_default_inventory()
+
+
+def _ansible_default_inventory() -> str:
+    from ansible import constants
+
+    sources = [s for s in constants.DEFAULT_HOST_LIST or [] if s]
+    if not sources:
+        raise GpuprovError("no inventory: pass -i INVENTORY")
+    return sources[0]

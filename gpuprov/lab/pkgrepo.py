@@ -1,0 +1,269 @@
+"""SIMULATION: the lab's local, signed apt repository of NVIDIA's container toolkit.
+
+NVIDIA's repositories cannot be reached from the machines gpuprov is built on, so the lab
+serves simulated `nvidia-container-toolkit` packages from a repository of its own, laid out
+like NVIDIA's (https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH), a flat
+repository, key at the top as `gpgkey`) and signed with a key the lab generates, so apt's
+signature check (deb822 Signed-By) is the real one. The nvidia_container_toolkit role
+reaches it through the repository-URL and key variables an air-gapped site sets for its
+mirror; the lab bind-mounts the directory read-only into every node at NODE_PATH, so no
+container talks to the network for it.
+
+    build_repo(dir) -> Repo      packages + signed index, rebuilt only when inputs change
+    python -m gpuprov.lab.pkgrepo DIR    the same, for the molecule scenario
+
+Layout of DIR:
+    gnupg/                       the lab's signing key (no passphrase), kept across rebuilds
+    repo/gpgkey                  its public key, ASCII-armoured (as NVIDIA publishes theirs)
+    repo/stable/deb/amd64/       *.deb, Packages, Packages.gz, Release, InRelease, Release.gpg
+    repo/.inputs                 hash of what the repository was built from
+
+Packages, as NVIDIA splits them (version TOOLKIT_VERSION): nvidia-container-toolkit-base
+(nvidia-ctk, nvidia-container-runtime, /etc/nvidia-container-runtime/config.toml),
+libnvidia-container1 (empty: a README instead of the library), libnvidia-container-tools
+(nvidia-container-cli) and nvidia-container-toolkit (nvidia-container-runtime-hook; depends
+on the base and the tools, like NVIDIA's). Their programs are the stand-ins in
+toolkit/; SIMULATION.md says what they do and do not do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from email.utils import formatdate
+from pathlib import Path
+
+from gpuprov.errors import GpuprovError
+
+log = logging.getLogger(__name__)
+
+TOOLKIT_DIR = Path(__file__).parent / "toolkit"
+TOOLKIT_VERSION = "1.17.8-1"
+ARCH = "amd64"
+# Where the nodes see the repository (bind mount), and the role settings that point at it:
+# the same variables an air-gapped site sets for its own mirror.
+NODE_PATH = "/srv/gpuprov-lab-repo"
+REPO_URL = f"file:{NODE_PATH}/stable/deb/$(ARCH)"
+KEY_URL = f"file://{NODE_PATH}/gpgkey"
+KEY_UID = "gpuprov lab package repository (SIMULATION) <lab-repo@gpuprov.invalid>"
+# Fixed file times in the packages: the same inputs give the same .debs.
+SOURCE_DATE_EPOCH = 1763769600  # 2025-11-22
+
+# name -> (files: source in toolkit/ -> (path in package, mode), Depends, Description)
+PACKAGES: dict[str, tuple[dict[str, tuple[str, int]], str, str]] = {
+    "nvidia-container-toolkit-base": (
+        {
+            "nvidia-ctk": ("usr/bin/nvidia-ctk", 0o755),
+            "nvidia-container-runtime": ("usr/bin/nvidia-container-runtime", 0o755),
+            "config.toml": ("etc/nvidia-container-runtime/config.toml", 0o644),
+        },
+        "python3, runc",
+        "NVIDIA Container Toolkit Base (gpuprov lab SIMULATION)",
+    ),
+    "libnvidia-container1": (
+        {"README.libnvidia-container1": ("usr/share/doc/libnvidia-container1/README.gpuprov-lab",
+                                         0o644)},
+        "",
+        "NVIDIA container runtime library (gpuprov lab SIMULATION: no library inside)",
+    ),
+    "libnvidia-container-tools": (
+        {"nvidia-container-cli": ("usr/bin/nvidia-container-cli", 0o755)},
+        f"libnvidia-container1 (>= {TOOLKIT_VERSION})",
+        "NVIDIA container runtime library (command-line tools) (gpuprov lab SIMULATION)",
+    ),
+    "nvidia-container-toolkit": (
+        {"nvidia-container-runtime-hook": ("usr/bin/nvidia-container-runtime-hook", 0o755)},
+        f"nvidia-container-toolkit-base (= {TOOLKIT_VERSION}), "
+        f"libnvidia-container-tools (>= {TOOLKIT_VERSION})",
+        "NVIDIA Container toolkit (gpuprov lab SIMULATION)",
+    ),
+}
+CONFFILES = {"nvidia-container-toolkit-base": ["/etc/nvidia-container-runtime/config.toml"]}
+
+
+@dataclass(frozen=True)
+class Repo:
+    root: Path  # mounted at NODE_PATH
+    key_file: Path  # ASCII-armoured public key (root/gpgkey)
+    fingerprint: str
+
+
+def _run(*args: str, env: dict | None = None, cwd: Path | None = None) -> str:
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=cwd, check=False)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+        raise GpuprovError(f"building the lab package repository: {args[0]} failed: {last}")
+    return proc.stdout
+
+
+def _need(*tools: str) -> None:
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        raise GpuprovError(
+            f"the lab's package repository needs {', '.join(missing)}: run "
+            "scripts/install-system-deps.sh (Debian: dpkg-dev, gnupg)"
+        )
+
+
+def _gpg_env(home: Path) -> dict:
+    return {**os.environ, "GNUPGHOME": str(home), "LC_ALL": "C"}
+
+
+def _ensure_key(home: Path) -> str:
+    """The lab's signing key (generated once per lab directory): its fingerprint."""
+    env = _gpg_env(home)
+    if not home.exists():
+        home.mkdir(parents=True, mode=0o700)
+        _run("gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", "",
+             "--quick-generate-key", KEY_UID, "ed25519", "sign", "never", env=env)
+    out = _run("gpg", "--batch", "--with-colons", "--list-secret-keys", KEY_UID, env=env)
+    fingerprints = [line.split(":")[9] for line in out.splitlines() if line.startswith("fpr:")]
+    if not fingerprints:
+        raise GpuprovError(f"no signing key in {home}: remove that directory and retry")
+    return fingerprints[0]
+
+
+def _inputs_digest(fingerprint: str) -> str:
+    h = hashlib.sha256()
+    for path in sorted([Path(__file__), *TOOLKIT_DIR.iterdir()]):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(f"{TOOLKIT_VERSION}\0{fingerprint}".encode())
+    return h.hexdigest()
+
+
+def _build_deb(name: str, out_dir: Path, work: Path) -> None:
+    files, depends, description = PACKAGES[name]
+    root = work / name
+    for source, (dest, mode) in files.items():
+        text = (TOOLKIT_DIR / source).read_text()
+        text = text.replace("@VERSION_CLI@", TOOLKIT_VERSION.split("-")[0])
+        text = text.replace("@VERSION@", TOOLKIT_VERSION.split("-")[0])
+        target = root / dest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        target.chmod(mode)
+    control = root / "DEBIAN"
+    control.mkdir()
+    size_kib = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) // 1024 + 1
+    fields = {
+        "Package": name,
+        "Version": TOOLKIT_VERSION,
+        "Architecture": ARCH,
+        "Maintainer": "gpuprov lab <lab-repo@gpuprov.invalid>",
+        "Installed-Size": str(size_kib),
+        "Depends": depends,
+        "Section": "utils",
+        "Priority": "optional",
+        "Homepage": "https://github.com/NVIDIA/nvidia-container-toolkit",
+        "Description": f"{description}\n SIMULATION: small scripts standing in for NVIDIA's "
+        "programs, built by\n gpuprov/lab/pkgrepo.py; see gpuprov/lab/SIMULATION.md.",
+    }
+    (control / "control").write_text(
+        "".join(f"{k}: {v}\n" for k, v in fields.items() if v)
+    )
+    if name in CONFFILES:
+        (control / "conffiles").write_text("".join(f"{p}\n" for p in CONFFILES[name]))
+    for path in [root, *root.rglob("*")]:
+        os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
+    env = {**os.environ, "SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
+    _run("dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root),
+         str(out_dir / f"{name}_{TOOLKIT_VERSION}_{ARCH}.deb"), env=env)
+
+
+def _release(arch_dir: Path) -> str:
+    """A flat repository's Release file: hashes of its indexes."""
+    indexes = ["Packages", "Packages.gz"]
+    lines = [
+        "Origin: gpuprov-lab",
+        "Label: gpuprov lab NVIDIA container toolkit (SIMULATION)",
+        f"Architectures: {ARCH}",
+        f"Date: {formatdate(time.time(), usegmt=True)}",
+    ]
+    for field, algo in (("MD5Sum", "md5"), ("SHA256", "sha256")):
+        lines.append(f"{field}:")
+        for name in indexes:
+            data = (arch_dir / name).read_bytes()
+            lines.append(f" {hashlib.new(algo, data).hexdigest()} {len(data):>8} {name}")
+    return "\n".join(lines) + "\n"
+
+
+def build_repo(out_dir: Path) -> Repo:
+    """The signed repository under out_dir/repo; rebuilt only when its inputs changed."""
+    _need("dpkg-deb", "dpkg-scanpackages", "gpg")
+    out_dir = out_dir.resolve()
+    home = out_dir / "gnupg"
+    fingerprint = _ensure_key(home)
+    root = out_dir / "repo"
+    stamp = root / ".inputs"
+    digest = _inputs_digest(fingerprint)
+    repo = Repo(root, root / "gpgkey", fingerprint)
+    if stamp.exists() and stamp.read_text().strip() == digest:
+        return repo
+    log.warning("building the lab's simulated NVIDIA container toolkit repository in %s", root)
+    staging = Path(tempfile.mkdtemp(prefix=".repo-", dir=out_dir))
+    try:
+        arch_dir = staging / "stable" / "deb" / ARCH
+        arch_dir.mkdir(parents=True)
+        with tempfile.TemporaryDirectory(prefix="pkg-", dir=out_dir) as work:
+            for name in PACKAGES:
+                _build_deb(name, arch_dir, Path(work))
+        # Filename: paths relative to the repository URL, as in a flat repository.
+        packages = _run("dpkg-scanpackages", "--multiversion", ".", "/dev/null", cwd=arch_dir)
+        packages = packages.replace("Filename: ./", "Filename: ")
+        (arch_dir / "Packages").write_text(packages)
+        with gzip.GzipFile(arch_dir / "Packages.gz", "wb", mtime=0) as gz:
+            gz.write(packages.encode())
+        (arch_dir / "Release").write_text(_release(arch_dir))
+        env = _gpg_env(home)
+        sign = ("gpg", "--batch", "--yes", "--pinentry-mode", "loopback", "--passphrase", "",
+                "--local-user", fingerprint, "--digest-algo", "SHA256")
+        _run(*sign, "--clearsign", "--output", str(arch_dir / "InRelease"),
+             str(arch_dir / "Release"), env=env)
+        _run(*sign, "--armor", "--detach-sign", "--output", str(arch_dir / "Release.gpg"),
+             str(arch_dir / "Release"), env=env)
+        (staging / "gpgkey").write_text(
+            _run("gpg", "--batch", "--armor", "--export", fingerprint, env=env)
+        )
+        (staging / ".inputs").write_text(digest + "\n")
+        for path in [staging, *staging.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        # Replaced in place, not renamed: running nodes have this very directory mounted.
+        root.mkdir(exist_ok=True)
+        root.chmod(0o755)
+        for child in root.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        for child in staging.iterdir():
+            shutil.move(str(child), str(root / child.name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=_gpg_env(home),
+                       capture_output=True, check=False)
+    return repo
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpuprov.lab.pkgrepo",
+        description="Build the lab's signed repository of the simulated NVIDIA container "
+        "toolkit (cached; rebuilt when its inputs change). Prints the repository directory.",
+    )
+    parser.add_argument("dir", type=Path, help="work directory (key, repository)")
+    args = parser.parse_args(argv)
+    try:
+        repo = build_repo(args.dir)
+    except GpuprovError as exc:
+        parser.exit(2, f"gpuprov: error: {exc}\n")
+    print(repo.root)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,275 @@
+"""Node probe report -> the node labels gpuprov owns. The one label computation.
+
+Used by the gpu_node_labels role (through plugins/filter/gpuprov_labels.py) to label nodes,
+and by `gpuprov verify` (check k8s.labels) to detect drift. Standard library + gpuprov.hardware.
+
+Labels (every value a string, as Kubernetes wants):
+
+    <series key> (default "gputype")   lower-case model designation from gpuprov.hardware
+                                       (k80, p100, v100, t4, a100, h100, ...). A node mixing
+                                       models gets the sorted distinct designations joined with
+                                       "-" ("p100-v100"), so that `nodeSelector: {gputype: v100}`
+                                       never lands a pod on a node that may hand it a P100.
+    nvidia.com/gpu.present             "true" when the node has an NVIDIA GPU (on PCI or in NVML)
+    nvidia.com/gpu.product             NVML name, sanitised as GFD does ("Tesla-P100-PCIE-16GB")
+    nvidia.com/gpu.family              GFD's family of the compute capability ("pascal")
+    nvidia.com/gpu.count               GPUs of that product
+    nvidia.com/gpu.memory              its memory in MiB (NVML total // 2**20)
+    nvidia.com/gpu.compute.major/minor its compute capability
+    nvidia.com/cuda.driver-version.major/minor/revision/full     NVML driver version
+    nvidia.com/cuda.runtime-version.major/minor/full             NVML CUDA driver version
+
+The nvidia.com/ keys follow NVIDIA GPU Feature Discovery (GFD, NVIDIA/k8s-device-plugin
+internal/lm: resource.go, nvml.go, mig-strategy.go, checked 2026-11), so workloads written
+for GFD's labels select gpuprov's nodes. Deviations, on purpose:
+
+- Mixed models: GFD labels product/count/memory/family from whichever model its Go map
+  iteration happens to end with (non-deterministic). gpuprov labels the model with the most
+  GPUs (ties: the one holding the lowest NVML index), and count is that model's count, as in
+  GFD.
+- Time-slicing: GFD appends "-SHARED" to the product when replicas > 1 (unless renamed) and
+  sets nvidia.com/gpu.replicas / gpu.sharing-strategy. gpuprov sets neither; the product is
+  the plain name.
+- Not set (GFD's alone, never touched by gpuprov): MIG labels, nvidia.com/gpu.replicas,
+  gpu.sharing-strategy, mig.capable, mps.capable, gpu.mode, gpu.machine, the deprecated
+  nvidia.com/cuda.driver.* / cuda.runtime.* keys, gfd.timestamp.
+- nvidia.com/gpu.present is not GFD's: NFD/the GPU Operator set it. gpuprov sets it so the
+  device plugin DaemonSet can select GPU nodes without NFD.
+- Without NVML (no driver yet) GFD labels nothing. gpuprov labels what PCI and its hardware
+  table know: present, product (the table's NVML name), family, count, compute.major/minor,
+  and the series; memory and the driver/CUDA versions are left out.
+- GPUs whose NVML handle fails (lost, fallen off the bus) are not counted; GFD would fail.
+- Values longer than Kubernetes' 63 characters are cut (GFD would be refused by the API).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpuprov import hardware
+
+DEFAULT_SERIES_KEY = "gputype"
+
+PRESENT = "nvidia.com/gpu.present"
+PRODUCT = "nvidia.com/gpu.product"
+FAMILY = "nvidia.com/gpu.family"
+COUNT = "nvidia.com/gpu.count"
+MEMORY = "nvidia.com/gpu.memory"
+COMPUTE_MAJOR = "nvidia.com/gpu.compute.major"
+COMPUTE_MINOR = "nvidia.com/gpu.compute.minor"
+DRIVER_MAJOR = "nvidia.com/cuda.driver-version.major"
+DRIVER_MINOR = "nvidia.com/cuda.driver-version.minor"
+DRIVER_REVISION = "nvidia.com/cuda.driver-version.revision"
+DRIVER_FULL = "nvidia.com/cuda.driver-version.full"
+RUNTIME_MAJOR = "nvidia.com/cuda.runtime-version.major"
+RUNTIME_MINOR = "nvidia.com/cuda.runtime-version.minor"
+RUNTIME_FULL = "nvidia.com/cuda.runtime-version.full"
+
+# The GFD-compatible keys gpuprov sets and therefore owns (removes when stale).
+GFD_KEYS: tuple[str, ...] = (
+    PRESENT, PRODUCT, FAMILY, COUNT, MEMORY, COMPUTE_MAJOR, COMPUTE_MINOR,
+    DRIVER_MAJOR, DRIVER_MINOR, DRIVER_REVISION, DRIVER_FULL,
+    RUNTIME_MAJOR, RUNTIME_MINOR, RUNTIME_FULL,
+)
+
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_KEY_RE = re.compile(rf"^(?:(?P<prefix>{_DNS_SUBDOMAIN})/)?(?P<name>{_NAME})$")
+_VALUE_MAX = 63
+
+
+def validate_series_key(key: Any) -> str:
+    """The series label key, checked: a Kubernetes label key that is not one of GFD's."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"the series label key must be a non-empty string, got {key!r}")
+    match = _KEY_RE.match(key)
+    if (match is None or len(match.group("name")) > 63
+            or len(match.group("prefix") or "") > 253):
+        raise ValueError(f"{key!r} is not a valid Kubernetes label key ([prefix/]name, name "
+                         "up to 63 characters of [A-Za-z0-9-_.], starting and ending "
+                         "alphanumeric)")
+    if key in GFD_KEYS:
+        raise ValueError(f"the series label key {key!r} is one of the GFD keys gpuprov sets; "
+                         f"choose another (default {DEFAULT_SERIES_KEY!r})")
+    return key
+
+
+def owned_keys(series_key: str = DEFAULT_SERIES_KEY) -> frozenset[str]:
+    """Every label key gpuprov sets, and may therefore remove when it no longer applies."""
+    return frozenset((validate_series_key(series_key), *GFD_KEYS))
+
+
+def is_owned(key: str, series_key: str = DEFAULT_SERIES_KEY) -> bool:
+    return key in owned_keys(series_key)
+
+
+def gfd_family(major: int, minor: int) -> str:
+    """GFD's getArchFamily: the family name of a CUDA compute capability."""
+    if major == 7:
+        return "volta" if minor < 5 else "turing"
+    if major == 8:
+        return "ampere" if minor < 9 else "ada-lovelace"
+    return {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper",
+            10: "blackwell", 12: "blackwell"}.get(major, "undefined")
+
+
+def sanitise_value(text: str) -> str:
+    """GFD's sanitise(): drop characters outside [A-Za-z0-9-_. ], join the words with "-";
+    then cut to a valid label value (63 characters, alphanumeric at both ends)."""
+    words = re.sub(r"[^A-Za-z0-9\-_. ]", "", text).split()
+    value = "-".join(words)[:_VALUE_MAX]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+
+
+def _compute_capability(text: Any) -> tuple[int, int] | None:
+    match = re.fullmatch(r"(\d+)\.(\d+)", str(text or ""))
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _hex(text: Any) -> int | None:
+    try:
+        return int(str(text).rsplit(":", 1)[-1], 16)
+    except (TypeError, ValueError):
+        return None
+
+
+def _model(pci_id: Any, subsystem_id: Any) -> hardware.GpuModel | None:
+    device = _hex(pci_id)
+    if device is None or not str(pci_id).lower().startswith("10de:"):
+        return None
+    return hardware.lookup(device, _hex(subsystem_id)) or hardware.lookup(device)
+
+
+class _Gpu:
+    """One GPU as the labels need it, from NVML or from PCI + the hardware table."""
+
+    def __init__(self, index: int, name: str | None, cc: tuple[int, int] | None,
+                 memory_mib: int | None, series: str | None, architecture: str | None) -> None:
+        self.index = index
+        self.name = name
+        self.cc = cc
+        self.memory_mib = memory_mib
+        self.series = series
+        self.architecture = architecture
+
+
+def _nvml_gpus(nvml: Mapping[str, Any]) -> list[_Gpu]:
+    gpus = []
+    for gpu in nvml.get("gpus") or []:
+        if not isinstance(gpu, Mapping) or gpu.get("error") or not gpu.get("name"):
+            continue  # its handle failed: NVML cannot use it, the device plugin will not either
+        model = _model(gpu.get("pci_device_id"), gpu.get("pci_subsystem_id"))
+        total = (gpu.get("memory") or {}).get("total")
+        gpus.append(_Gpu(
+            index=int(gpu.get("index") or 0),
+            name=str(gpu["name"]),
+            cc=_compute_capability(gpu.get("compute_capability"))
+            or _compute_capability(model.compute_capability if model else None),
+            memory_mib=int(total) // (1 << 20) if isinstance(total, int) and total else None,
+            series=model.series if model else None,
+            architecture=gpu.get("architecture") or (model.architecture if model else None),
+        ))
+    return gpus
+
+
+def _pci_gpus(pci: Iterable[Any]) -> list[_Gpu]:
+    gpus = []
+    for index, device in enumerate(pci):
+        if not isinstance(device, Mapping):
+            continue
+        found = device.get("classification") or {}
+        model = _model(device.get("device_id"), device.get("subsystem_id"))
+        gpus.append(_Gpu(
+            index=index,
+            name=found.get("name") or (model.name if model else None),
+            cc=_compute_capability(found.get("compute_capability")
+                                   or (model.compute_capability if model else None)),
+            memory_mib=None,
+            series=found.get("series") or (model.series if model else None),
+            architecture=found.get("architecture") or (model.architecture if model else None),
+        ))
+    return gpus
+
+
+def _primary(gpus: list[_Gpu]) -> tuple[_Gpu, int] | None:
+    """The model labelled by the GFD keys: most GPUs, then the lowest index; and its count."""
+    named = [g for g in gpus if g.name]
+    if not named:
+        return None
+    counts: dict[str, int] = {}
+    for gpu in named:
+        counts[gpu.name] = counts.get(gpu.name, 0) + 1
+    first = min(named, key=lambda g: (-counts[g.name], g.index))
+    return first, counts[first.name]
+
+
+def _version_labels(nvml: Mapping[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    driver = nvml.get("driver_version")
+    parts = str(driver).split(".") if driver else []
+    if 2 <= len(parts) <= 3 and all(parts):  # GFD: "X.Y[.Z]", anything else is an error
+        labels[DRIVER_MAJOR] = parts[0]
+        labels[DRIVER_MINOR] = parts[1]
+        labels[DRIVER_REVISION] = parts[2] if len(parts) > 2 else ""
+        labels[DRIVER_FULL] = str(driver)
+    cuda = nvml.get("cuda_driver_version_int")
+    if isinstance(cuda, int) and cuda > 0:
+        major, minor = cuda // 1000, (cuda % 1000) // 10  # as NVML's NVML_CUDA_DRIVER_VERSION_*
+        labels[RUNTIME_MAJOR] = str(major)
+        labels[RUNTIME_MINOR] = str(minor)
+        labels[RUNTIME_FULL] = f"{major}.{minor}"
+    return labels
+
+
+def compute_labels(report: Mapping[str, Any],
+                   series_key: str = DEFAULT_SERIES_KEY) -> dict[str, str]:
+    """The labels gpuprov puts on the node the probe report describes ({} without GPUs)."""
+    validate_series_key(series_key)
+    nvml = report.get("nvml") or {}
+    pci = report.get("pci") or []
+    gpus = _nvml_gpus(nvml) if nvml.get("available") else []
+    from_nvml = bool(gpus)
+    if not gpus:
+        gpus = _pci_gpus(pci)
+    if not gpus and not pci:
+        return {}
+    labels: dict[str, str] = {PRESENT: "true"}
+    series = sorted({g.series for g in gpus if g.series})
+    if series:
+        labels[series_key] = sanitise_value("-".join(series))
+    primary = _primary(gpus)
+    if primary is not None:
+        gpu, count = primary
+        labels[PRODUCT] = sanitise_value(gpu.name or "")
+        labels[COUNT] = str(count)
+        if gpu.memory_mib:
+            labels[MEMORY] = str(gpu.memory_mib)
+        if gpu.cc is not None and gpu.cc[0] > 0:
+            labels[FAMILY] = gfd_family(*gpu.cc)
+            labels[COMPUTE_MAJOR] = str(gpu.cc[0])
+            labels[COMPUTE_MINOR] = str(gpu.cc[1])
+    if from_nvml:
+        labels.update(_version_labels(nvml))
+    return {k: v for k, v in labels.items() if v or k == DRIVER_REVISION}
+
+
+def diff_labels(actual: Mapping[str, Any], expected: Mapping[str, str],
+                series_key: str = DEFAULT_SERIES_KEY) -> dict[str, dict[str, str | None]]:
+    """Owned keys whose value on the node differs from the computed one (missing, stale,
+    or changed): {key: {"actual": value | None, "expected": value | None}}. Keys gpuprov
+    does not own are never reported."""
+    diff = {}
+    for key in sorted(owned_keys(series_key)):
+        have, want = actual.get(key), expected.get(key)
+        if have != want:
+            diff[key] = {"actual": None if have is None else str(have), "expected": want}
+    return diff
+
+
+def label_patch(actual: Mapping[str, Any], expected: Mapping[str, str],
+                series_key: str = DEFAULT_SERIES_KEY) -> dict[str, str | None]:
+    """The metadata.labels of a JSON merge patch that makes the node's owned labels
+    `expected`: changed values, and null for owned keys to remove. {} when nothing to do."""
+    return {key: d["expected"] for key, d in diff_labels(actual, expected, series_key).items()}

@@ -1,0 +1,225 @@
+"""The Kubernetes manifests, rendered from the repository's templates/ with Jinja2.
+
+The templates are the one source of the objects: the nvidia_device_plugin role renders them
+with Ansible's template lookup and applies them; this module renders the same files with the
+same Jinja2 settings (Ansible's template defaults: trim_blocks, StrictUndefined) for
+`gpuprov manifests` and `gpuprov verify`'s smoke pods. Default values come from the role's
+defaults/main.yml, and values files are checked against its meta/argument_specs.yml, so
+neither a default nor a type is written twice.
+
+The templates live at the repository root, outside the package: gpuprov finds them next to
+its own source tree (an editable install, `pip install -e .`, of a checkout).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from gpuprov.errors import ExitCode, GpuprovError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ROLE = "nvidia_device_plugin"
+DEVICE_PLUGIN_TEMPLATE = "nvidia-device-plugin.yml.j2"
+SMOKE_POD_TEMPLATE = "smoke-pod.yml.j2"
+SMOKE_JOB_TEMPLATE = "smoke-job.yml.j2"
+SMOKE_COMMAND = ("nvidia-smi", "-L")
+
+
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+def _paths(root: Path | None = None) -> tuple[Path, Path, Path]:
+    root = root or repo_root()
+    return (root / "templates", root / "roles" / ROLE / "defaults" / "main.yml",
+            root / "roles" / ROLE / "meta" / "argument_specs.yml")
+
+
+def _require(path: Path) -> Path:
+    if not path.exists():
+        raise GpuprovError(
+            f"{path} is missing: gpuprov renders its manifests from the repository's templates/ "
+            "and roles/, so run it from an editable install of a checkout (pip install -e .)",
+            ExitCode.USAGE)
+    return path
+
+
+def _load_yaml(path: Path, what: str) -> Any:
+    try:
+        return yaml.safe_load(_require(path).read_text())
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where is not None else ""
+        raise GpuprovError(f"{what} {path} is not valid YAML{at}: "
+                           f"{getattr(exc, 'problem', None) or exc}") from None
+    except OSError as exc:
+        raise GpuprovError(f"cannot read {what} {path}: {exc.strerror}") from None
+
+
+def role_defaults(root: Path | None = None) -> dict[str, Any]:
+    _, defaults, _ = _paths(root)
+    return dict(_load_yaml(defaults, "the role defaults") or {})
+
+
+def role_options(root: Path | None = None) -> dict[str, dict[str, Any]]:
+    _, _, specs = _paths(root)
+    doc = _load_yaml(specs, "the role's argument specs") or {}
+    return dict(doc["argument_specs"]["main"]["options"])
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,), "path": (str,), "int": (int,), "bool": (bool,), "list": (list,),
+    "dict": (dict,), "float": (int, float),
+}
+
+
+def _type_error(name: str, value: Any, spec: Mapping[str, Any]) -> str | None:
+    """Why `value` does not fit the option's argument spec, or None."""
+    kind = spec.get("type", "str")
+    if value is None:
+        return None if not spec.get("required") else f"{name} must be set"
+    allowed = _TYPES.get(kind)
+    if allowed is not None and (not isinstance(value, allowed)
+                                or (kind != "bool" and isinstance(value, bool))):
+        return f"{name} must be {kind}, got {type(value).__name__} {value!r}"
+    if "choices" in spec and value not in spec["choices"]:
+        return f"{name} must be one of {', '.join(map(str, spec['choices']))}, got {value!r}"
+    elements = spec.get("elements")
+    if kind == "list" and elements:
+        for item in value:
+            problem = _type_error(f"{name} item", item, {"type": elements})
+            if problem:
+                return problem
+    if kind == "dict":
+        for key, item in value.items():
+            if not isinstance(key, str) or not isinstance(item, str):
+                return (f"{name} must map strings to strings (quote values such as \"true\"), "
+                        f"got {key!r}: {item!r}")
+    return None
+
+
+def load_values(values_file: Path | str | None = None,
+                root: Path | None = None) -> dict[str, Any]:
+    """The role defaults overlaid with a values file (a YAML mapping of role variables),
+    checked against the role's argument specs."""
+    values = role_defaults(root)
+    if values_file is None:
+        return values
+    path = Path(values_file)
+    if not path.is_file():
+        raise GpuprovError(f"values file {path} does not exist (or is not a file)")
+    user = _load_yaml(path, "values file")
+    if user is None:
+        return values
+    if not isinstance(user, dict):
+        raise GpuprovError(f"values file {path} must be a YAML mapping of "
+                           f"{ROLE}_* variables, got {type(user).__name__}")
+    options = role_options(root)
+    for name, value in user.items():
+        if name not in options:
+            close = difflib.get_close_matches(str(name), list(options), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise GpuprovError(f"values file {path}: unknown key {name!r}{hint}; "
+                               f"known: {', '.join(sorted(options))}")
+        problem = _type_error(name, value, options[name])
+        if problem:
+            raise GpuprovError(f"values file {path}: {problem}")
+    values.update(user)
+    if values["nvidia_device_plugin_time_slicing_replicas"] < 1:
+        raise GpuprovError(f"values file {path}: nvidia_device_plugin_time_slicing_replicas "
+                           "must be 1 (no sharing) or more")
+    return values
+
+
+def _environment(templates: Path) -> jinja2.Environment:
+    # Ansible's template defaults, and the two Ansible filters the templates use.
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates)),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             keep_trailing_newline=True, autoescape=False)
+    env.filters["to_json"] = lambda value: json.dumps(value)
+    env.filters["hash"] = lambda value, algo="sha1": hashlib.new(
+        algo, str(value).encode()).hexdigest()
+    return env
+
+
+def render(template: str, values: Mapping[str, Any], root: Path | None = None) -> list[dict]:
+    """The objects one template gives with these values (empty documents dropped)."""
+    templates, _, _ = _paths(root)
+    _require(templates / template)
+    try:
+        text = _environment(templates).get_template(template).render(**values)
+    except jinja2.TemplateError as exc:
+        raise GpuprovError(f"templates/{template}: {exc}") from None
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        raise GpuprovError(f"templates/{template} rendered invalid YAML: {exc}") from None
+    return [doc for doc in docs if doc]
+
+
+def device_plugin(values_file: Path | str | None = None, root: Path | None = None) -> list[dict]:
+    """Exactly the objects the nvidia_device_plugin role applies: RuntimeClass, ConfigMap
+    (time-slicing only), DaemonSet."""
+    return render(DEVICE_PLUGIN_TEMPLATE, load_values(values_file, root), root)
+
+
+def _smoke_values(name: str, namespace: str, gpus: int, node: str | None,
+                  values: Mapping[str, Any] | None, deadline_seconds: int,
+                  ttl_seconds: int, command: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise GpuprovError(f"a smoke workload requests at least one GPU, got {gpus!r}")
+    base = values if values is not None else load_values()
+    return {
+        "gpuprov_smoke_name": name, "gpuprov_smoke_namespace": namespace,
+        "gpuprov_smoke_gpus": gpus, "gpuprov_smoke_node": node,
+        "gpuprov_smoke_image": base["nvidia_device_plugin_smoke_image"],
+        "gpuprov_smoke_runtime_class": base["nvidia_device_plugin_runtime_class_name"],
+        "gpuprov_smoke_command": list(command),
+        "gpuprov_smoke_deadline_seconds": deadline_seconds,
+        "gpuprov_smoke_ttl_seconds": ttl_seconds,
+    }
+
+
+def smoke_pod(name: str, namespace: str, gpus: int = 1, node: str | None = None,
+              values: Mapping[str, Any] | None = None,
+              command: tuple[str, ...] | list[str] = SMOKE_COMMAND) -> dict:
+    """A Pod that requests `gpus` nvidia.com/gpu (on `node`, if given) and runs nvidia-smi -L."""
+    (pod,) = render(SMOKE_POD_TEMPLATE, _smoke_values(name, namespace, gpus, node, values, 0, 0,
+                                                      command))
+    return pod
+
+
+def smoke_job(name: str, namespace: str, gpus: int = 1, node: str | None = None,
+              values: Mapping[str, Any] | None = None, deadline_seconds: int = 300,
+              ttl_seconds: int = 600,
+              command: tuple[str, ...] | list[str] = SMOKE_COMMAND) -> dict:
+    """A batch/v1 Job (no retries) whose pod requests `gpus` GPUs and runs nvidia-smi -L."""
+    (job,) = render(SMOKE_JOB_TEMPLATE, _smoke_values(name, namespace, gpus, node, values,
+                                                      deadline_seconds, ttl_seconds, command))
+    return job
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the plugin's config file) as literal blocks, readable in review."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def to_yaml(objects: list[dict]) -> str:
+    """Multi-document YAML, one `---` per object, keys in template order."""
+    return "".join("---\n" + yaml.dump(obj, Dumper=_Dumper, sort_keys=False,
+                                        default_flow_style=False) for obj in objects)

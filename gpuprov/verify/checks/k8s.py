@@ -1,0 +1,154 @@
+"""Cluster checks: what Kubernetes says about each inventory node, from one LIST of nodes
+and one LIST of pods (gpuprov.verify.cluster), compared with the node's probe report."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuprov import labels as label_module
+from gpuprov.verify.facts import ClusterFacts
+from gpuprov.verify.findings import Verdict, check, passed, problem, skipped
+
+GPU_RESOURCE = "nvidia.com/gpu"
+# The NVIDIA device plugin's pods are recognised by their image, as kubelet-side tooling
+# does: the DaemonSet's name and labels differ between the static manifest, the Helm chart
+# and the GPU Operator; the image (nvcr.io/nvidia/k8s-device-plugin) does not.
+DEVICE_PLUGIN_IMAGE = "k8s-device-plugin"
+
+
+def is_device_plugin(pod: Mapping[str, Any]) -> bool:
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return any(DEVICE_PLUGIN_IMAGE in str(c.get("image", "")) for c in containers)
+
+
+def _not_found(facts: ClusterFacts) -> Verdict:
+    return problem(f"no Kubernetes node named {facts.node.node_name} (kubectl get nodes); "
+                   "the inventory name must be the node name, or set "
+                   "gpu_node_labels_node_name for the host")
+
+
+@check(
+    "k8s.node-ready",
+    phase="cluster",
+    severity="error",
+    gpu_only=False,
+    description="the node is registered in Kubernetes and Ready",
+    remediation="kubectl describe node NODE; check the kubelet (journalctl -u kubelet) "
+    "and the container runtime on the node",
+)
+def node_ready(facts: ClusterFacts) -> Verdict:
+    if facts.k8s_node is None:
+        return _not_found(facts)
+    conditions = (facts.k8s_node.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    unschedulable = bool((facts.k8s_node.get("spec") or {}).get("unschedulable"))
+    if ready is None or ready.get("status") != "True":
+        why = (ready or {}).get("message") or (ready or {}).get("reason") or "no Ready condition"
+        return problem(f"node not Ready: {why}", condition=dict(ready or {}))
+    return passed("Ready" + (" (cordoned)" if unschedulable else ""),
+                  unschedulable=unschedulable)
+
+
+@check(
+    "k8s.device-plugin",
+    phase="cluster",
+    severity="error",
+    description="an NVIDIA device plugin pod is Running on the node",
+    remediation="kubectl -n kube-system get pods -o wide | grep device-plugin; re-run the "
+    "nvidia_device_plugin role; a plugin pod missing from a node means its nodeSelector or "
+    "tolerations do not match it",
+)
+def device_plugin(facts: ClusterFacts) -> Verdict:
+    if facts.k8s_node is None:
+        return _not_found(facts)
+    plugins = [p for p in facts.pods if is_device_plugin(p)]
+    if not plugins:
+        return problem("no NVIDIA device plugin pod on the node")
+    states = {p["metadata"]["namespace"] + "/" + p["metadata"]["name"]:
+              (p.get("status") or {}).get("phase") for p in plugins}
+    running = [name for name, phase in states.items() if phase == "Running"]
+    if not running:
+        return problem("device plugin pod not Running: "
+                       + ", ".join(f"{n} {s}" for n, s in states.items()), pods=states)
+    return passed(f"{running[0]} Running", pods=states)
+
+
+def _gpu_quantity(resources: Mapping[str, Any] | None) -> int | None:
+    value = (resources or {}).get(GPU_RESOURCE)
+    return None if value is None else int(str(value))
+
+
+def gpus_allocated(pods: tuple[Mapping[str, Any], ...]) -> int:
+    """GPUs the node's non-terminated pods hold (extended resources: limits == requests)."""
+    total = 0
+    for pod in pods:
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            resources = container.get("resources") or {}
+            total += _gpu_quantity(resources.get("limits") or resources.get("requests")) or 0
+    return total
+
+
+@check(
+    "k8s.allocatable",
+    phase="cluster",
+    severity="error",
+    description="the node's allocatable nvidia.com/gpu equals its healthy NVML GPU count",
+    remediation="the device plugin did not register the GPUs: kubectl logs its pod on the "
+    "node; restart it after fixing the driver or runtime (kubectl delete pod ...)",
+)
+def allocatable(facts: ClusterFacts) -> Verdict:
+    if facts.k8s_node is None:
+        return _not_found(facts)
+    if facts.report is None:
+        return skipped("no probe report for the node (see host.probe)")
+    status = facts.k8s_node.get("status") or {}
+    alloc = _gpu_quantity(status.get("allocatable")) or 0
+    capacity = _gpu_quantity(status.get("capacity"))
+    healthy = facts.healthy_gpu_count or 0
+    gpus = ((facts.report.get("nvml") or {}).get("gpus")) or []
+    busy = sum(1 for g in gpus if g.get("processes"))
+    allocated = gpus_allocated(facts.pods)
+    details = {"allocatable": alloc, "capacity": capacity, "nvml_healthy": healthy,
+               "allocated_to_pods": allocated, "busy_with_processes": busy}
+    usage = f"; {allocated} allocated to pods, {busy} busy with processes (NVML)"
+    if alloc != healthy:
+        return problem(f"allocatable {GPU_RESOURCE} {alloc} != {healthy} healthy in NVML"
+                       + usage, **details)
+    return passed(f"allocatable {alloc} == NVML healthy {healthy}" + usage, **details)
+
+
+@check(
+    "k8s.labels",
+    phase="cluster",
+    severity="error",
+    gpu_only=False,  # a node whose GPUs are gone must lose its GPU labels too
+    description="the node's GPU labels are what gpuprov's labels module computes from its probe",
+    remediation="re-run the gpu_node_labels role (ansible-playbook site.yml --limit NODE); "
+    "labels gpuprov owns are not to be edited by hand",
+)
+def labels(facts: ClusterFacts) -> Verdict:
+    if facts.k8s_node is None:
+        return _not_found(facts)
+    if facts.report is None:
+        return skipped("no probe report for the node (see host.probe)")
+    series_key = facts.node.series_key
+    actual = dict((facts.k8s_node.get("metadata") or {}).get("labels") or {})
+    expected = label_module.compute_labels(facts.report, series_key)
+    drift = label_module.diff_labels(actual, expected, series_key)
+    if drift:
+        shown = (drift if isinstance(drift, Mapping) else {"diff": drift})
+        text = "; ".join(f"{k}: {v}" for k, v in shown.items())
+        return problem(f"labels drifted: {text}", diff=_plain(shown))
+    return passed(f"{len(expected)} gpuprov label(s) as computed")
+
+
+def _plain(value: Any) -> Any:
+    """Whatever diff_labels returns, as JSON-friendly data."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

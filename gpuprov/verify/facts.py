@@ -1,0 +1,63 @@
+"""What checks look at: one node's probe report (node phase) and, for the cluster phase,
+its Kubernetes Node object and the pods bound to it. Checks read facts only; they never
+talk to a node or the API themselves."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from gpuprov.verify.inventory import Node
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeFacts:
+    node: Node
+    report: Mapping[str, Any]  # the probe report (gpuprov/probe/__init__.py)
+    # Every reachable node's facts, by name: checks that compare nodes (driver.branch).
+    fleet: Mapping[str, NodeFacts] = dataclasses.field(default_factory=dict, compare=False)
+
+    @property
+    def nvml(self) -> Mapping[str, Any]:
+        return self.report.get("nvml") or {}
+
+    @property
+    def gpus(self) -> list[Mapping[str, Any]]:
+        return list(self.nvml.get("gpus") or [])
+
+    @property
+    def healthy_gpus(self) -> list[Mapping[str, Any]]:
+        return [g for g in self.gpus if g.get("error") is None]
+
+    @property
+    def pci(self) -> list[Mapping[str, Any]]:
+        return list(self.report.get("pci") or [])
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterFacts:
+    node: Node
+    report: Mapping[str, Any] | None  # None: the node phase got no report for this node
+    k8s_node: Mapping[str, Any] | None  # the Node object (JSON); None: no such node
+    pods: tuple[Mapping[str, Any], ...] = ()  # non-terminated pods bound to the node
+
+    @property
+    def healthy_gpu_count(self) -> int | None:
+        if self.report is None:
+            return None
+        return (self.report.get("summary") or {}).get("nvml_healthy_gpu_count")
+
+
+@dataclasses.dataclass(frozen=True)
+class PodFacts:
+    node: Node
+    report: Mapping[str, Any] | None
+    runs: Mapping[str, Any]  # kind -> gpuprov.verify.pods.SmokeRun
+    skipped: str | None = None  # why the node got no smoke workloads at all
+    image: str | None = None  # --image, for pods.cuda-compat
+
+    @property
+    def nvml_uuids(self) -> set[str]:
+        gpus = ((self.report or {}).get("nvml") or {}).get("gpus") or []
+        return {g["uuid"] for g in gpus if g.get("uuid")}

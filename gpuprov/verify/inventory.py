@@ -1,0 +1,222 @@
+"""Read the Ansible inventory the playbooks use, through Ansible's own Python API.
+
+Host variables (group_vars, host_vars, Jinja2 such as ``{{ inventory_dir }}``) resolve
+exactly as they do for ansible-playbook, so verify reaches a node the way the roles do:
+ansible_host/port/user, the private key, the known_hosts file and host key policy from
+ansible_ssh_common_args / ansible_ssh_extra_args, and ansible_connection=local.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import getpass
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gpuprov.errors import GpuprovError
+from gpuprov.ssh import SshTarget
+
+GPU_GROUP = "gpu_nodes"
+CLUSTER_GROUP = "k8s_cluster"
+# The variables verify reads besides the connection ones, and who defines them.
+BRANCH_VAR = "nvidia_driver_branch"  # nvidia_driver role; gpu_preflight honours the pin
+KUBECONFIG_VAR = "k8s_kubeconfig"  # the lab inventory and the roles that call the API
+SERIES_KEY_VAR = "gpu_node_labels_series_key"  # gpu_node_labels role
+NODE_NAME_VAR = "gpu_node_labels_node_name"  # gpu_node_labels role: the Kubernetes node name
+DEFAULT_SERIES_KEY = "gputype"
+
+_VARS = (
+    "ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port", "ansible_user",
+    "ansible_ssh_user", "ansible_ssh_private_key_file", "ansible_private_key_file",
+    "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_connection",
+    "ansible_host_key_checking", "ansible_ssh_host_key_checking", "ansible_become",
+    "ansible_become_user", BRANCH_VAR, KUBECONFIG_VAR, SERIES_KEY_VAR, NODE_NAME_VAR,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    name: str  # inventory_hostname; also the Kubernetes node name
+    target: SshTarget | None  # None: ansible_connection=local, the probe runs in-process
+    gpu_expected: bool  # in gpu_nodes: a node without GPUs on PCI is a failure
+    driver_branch_pin: str | None = None
+    become: bool = False
+    kubeconfig: str | None = None
+    series_key: str = DEFAULT_SERIES_KEY
+    k8s_name: str | None = None  # the Kubernetes node name, where it is not the inventory name
+
+    @property
+    def node_name(self) -> str:
+        """The Kubernetes node name: the inventory name unless the inventory says otherwise."""
+        return self.k8s_name or self.name
+
+    @property
+    def local(self) -> bool:
+        return self.target is None
+
+
+def _ssh_options(args: str) -> dict[str, str]:
+    """'-o UserKnownHostsFile=/x -oStrictHostKeyChecking=no' -> {lowercase key: value}."""
+    options: dict[str, str] = {}
+    words = shlex.split(args)
+    for i, word in enumerate(words):
+        if word == "-o" and i + 1 < len(words):
+            option = words[i + 1]
+        elif word.startswith("-o") and len(word) > 2:
+            option = word[2:]
+        else:
+            continue
+        key, sep, value = option.partition("=")
+        if not sep:
+            key, _, value = option.partition(" ")
+        options.setdefault(key.strip().lower(), value.strip())
+    return options
+
+
+def _truth(value: Any) -> bool | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() in ("1", "yes", "true", "on", "y")
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None or str(value) == "" else str(value)
+
+
+def node_from_vars(name: str, groups: set[str], hostvars: dict[str, Any],
+                   host_key_checking_default: bool = True) -> Node:
+    """One inventory host -> Node, from its resolved variables (Ansible's names)."""
+    def first(*keys: str) -> Any:
+        return next((hostvars[k] for k in keys if hostvars.get(k) is not None), None)
+
+    common = {
+        "gpu_expected": GPU_GROUP in groups,
+        "driver_branch_pin": _text(hostvars.get(BRANCH_VAR)),
+        "become": bool(_truth(hostvars.get("ansible_become"))),
+        "kubeconfig": _text(hostvars.get(KUBECONFIG_VAR)),
+        "series_key": _text(hostvars.get(SERIES_KEY_VAR)) or DEFAULT_SERIES_KEY,
+        "k8s_name": _text(hostvars.get(NODE_NAME_VAR)),
+    }
+    if str(hostvars.get("ansible_connection") or "") == "local":
+        return Node(name=name, target=None, **common)
+
+    args = " ".join(str(first(k) or "") for k in ("ansible_ssh_common_args",
+                                                  "ansible_ssh_extra_args"))
+    options = _ssh_options(args)
+    checking = _truth(first("ansible_ssh_host_key_checking", "ansible_host_key_checking"))
+    if checking is None:
+        checking = host_key_checking_default
+    strict = options.get("stricthostkeychecking")
+    if strict is not None:
+        # "no"/"off" accept any key; "accept-new" would add unknown keys, which gpuprov
+        # never writes: it is treated as checking, like "yes".
+        checking = strict.lower() not in ("no", "off", "false")
+    known_hosts = options.get("userknownhostsfile")
+    port = first("ansible_port", "ansible_ssh_port")
+    try:
+        port_number = int(port) if port is not None else 22
+    except ValueError:
+        raise GpuprovError(f"inventory host {name}: ansible_port {port!r} is not a number; "
+                           "fix it in the inventory") from None
+    target = SshTarget(
+        name=name,
+        host=str(first("ansible_host", "ansible_ssh_host") or name),
+        port=port_number,
+        # ssh's own default, as Ansible's when remote_user is unset.
+        user=str(first("ansible_user", "ansible_ssh_user") or getpass.getuser()),
+        key_file=_text(first("ansible_ssh_private_key_file", "ansible_private_key_file")),
+        known_hosts=known_hosts.split()[0] if known_hosts else None,
+        check_host_keys=bool(checking),
+    )
+    return Node(name=name, target=target, **common)
+
+
+@contextlib.contextmanager
+def _collect_parse_failures(failures: list[str]) -> Iterator[None]:
+    """Ansible reports an unparsable source (and a --limit matching nothing) only as warnings
+    on its display; gpuprov says it in one line, so that display is captured meanwhile."""
+    from ansible.inventory import manager
+
+    display = manager.display
+    saved = display.error_as_warning, display.warning
+
+    def as_warning(msg: str, exception: BaseException, **_: Any) -> None:
+        cause = exception.__cause__ or exception
+        text = getattr(cause, "message", None) or str(cause)
+        failures.append(f"{msg.rstrip('.')}: {text.strip().splitlines()[0]}")
+
+    display.error_as_warning = as_warning
+    display.warning = lambda msg, *a, **k: None
+    try:
+        yield
+    finally:
+        display.error_as_warning, display.warning = saved
+
+
+def load(path: str, limit: str | None = None) -> list[Node]:
+    """The hosts of gpu_nodes and k8s_cluster (after --limit), in inventory order.
+
+    Raises GpuprovError (exit 2, one line) for a missing or unparsable inventory, one
+    without those groups, and a --limit that matches none of their hosts.
+    """
+    from ansible import constants
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from ansible.vars.manager import VariableManager
+
+    source = Path(path)
+    if not source.exists():
+        raise GpuprovError(f"inventory {path} does not exist; pass the hosts.yml the "
+                           "playbooks use (-i inventory/<site>/hosts.yml)")
+    loader = DataLoader()
+    inventory = InventoryManager(loader=loader, sources=[str(source)], parse=False)
+    failures: list[str] = []
+    with _collect_parse_failures(failures):
+        parsed = inventory.parse_source(str(source.resolve()))
+    if not parsed:
+        # The yaml plugin's complaint is the useful one for .yml files, ini's otherwise.
+        preferred = "'yaml'" if source.suffix in (".yml", ".yaml") else "'ini'"
+        reason = next((f for f in failures if preferred in f), failures[0] if failures
+                      else "no inventory plugin accepted it")
+        raise GpuprovError(f"cannot parse inventory {path}: {reason}")
+    inventory.reconcile_inventory()
+    variables = VariableManager(loader=loader, inventory=inventory)
+
+    groups = inventory.groups
+    if GPU_GROUP not in groups and CLUSTER_GROUP not in groups:
+        raise GpuprovError(f"inventory {path} has no group {GPU_GROUP} or {CLUSTER_GROUP}; "
+                           "put the Kubernetes nodes there, as in inventory/sample/hosts.yml")
+    pattern = f"{GPU_GROUP}:{CLUSTER_GROUP}"
+    all_hosts = inventory.get_hosts(pattern)
+    if limit:
+        inventory.subset(limit)
+    with _collect_parse_failures([]):  # "Could not match ..." becomes the error below
+        hosts = inventory.get_hosts(pattern)
+    if not hosts:
+        where = f"--limit {limit!r} matches none of" if limit else "no hosts in"
+        raise GpuprovError(f"{where} the {len(all_hosts)} hosts of {GPU_GROUP}/"
+                           f"{CLUSTER_GROUP} in {path}; check the pattern "
+                           "(Ansible's syntax: host names, groups, wildcards, ':' lists)")
+    nodes = []
+    for host in hosts:
+        hostvars = variables.get_vars(host=host, include_hostvars=False)
+        templar = Templar(loader=loader, variables=hostvars)
+        resolved = {}
+        for key in _VARS:
+            if hostvars.get(key) is None:
+                continue
+            try:
+                resolved[key] = templar.template(hostvars[key])
+            except Exception as exc:  # Ansible's templating errors have many types
+                raise GpuprovError(f"inventory host {host.name}: cannot resolve {key}: "
+                                   f"{str(exc).splitlines()[0]}") from exc
+        group_names = {g.name for g in host.get_groups()}
+        nodes.append(node_from_vars(host.name, group_names, resolved,
+                                    bool(constants.HOST_KEY_CHECKING)))
+    return nodes

@@ -1,0 +1,329 @@
+"""Pod phase: smoke workloads on every GPU node, in a namespace of their own that is always
+removed (Ctrl-C and SIGTERM included).
+
+Per GPU node, one after the other (nodes in parallel):
+    gpu-count   one Pod requesting every allocatable GPU of the node, `nvidia-smi -L`
+    isolation   one 1-GPU Pod per GPU (up to MAX_ISOLATION_PODS), held Running together
+                until each has printed the GPU it sees: concurrency is observed, not assumed
+    batch-job   one batch/v1 Job requesting one GPU, which must complete
+
+This module only runs the workloads and records what they printed (SmokeRun); the checks in
+gpuprov/verify/checks/pods.py judge the records. The manifests are templates/smoke-*.yml.j2,
+rendered by gpuprov.manifests (one source with the Ansible side).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import logging
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from gpuprov import manifests
+
+log = logging.getLogger(__name__)
+
+GPU_RESOURCE = "nvidia.com/gpu"
+NAMESPACE_PREFIX = "gpuprov-verify-"
+MANAGED_LABEL = {"app.kubernetes.io/managed-by": "gpuprov"}
+SMOKE_KINDS = ("gpu-count", "isolation", "batch-job")
+MAX_ISOLATION_PODS = 8
+POLL_S = 0.5
+REQUEST_TIMEOUT = (5.0, 30.0)
+# `nvidia-smi -L`: "GPU 0: Tesla P100-PCIE-16GB (UUID: GPU-5d0c...)".
+_GPU_LINE = re.compile(r"^GPU \d+: .*\(UUID: (?P<uuid>[^)\s]+)\)", re.MULTILINE)
+# The isolation pods print their GPU, then stay Running until the verifier deletes them.
+HOLD_COMMAND = ("sh", "-c", "nvidia-smi -L && exec sleep 600")
+
+
+def gpu_uuids(log_text: str) -> list[str]:
+    return [m.group("uuid") for m in _GPU_LINE.finditer(log_text or "")]
+
+
+@dataclasses.dataclass(frozen=True)
+class PodRecord:
+    name: str
+    phase: str  # Pending | Running | Succeeded | Failed | Timeout
+    uuids: tuple[str, ...] = ()
+    message: str = ""  # why it did not run or finish, from the API
+
+
+@dataclasses.dataclass(frozen=True)
+class SmokeRun:
+    """What one smoke workload did on one node."""
+
+    kind: str  # gpu-count | isolation | batch-job
+    requested: int  # GPUs per pod
+    pods: tuple[PodRecord, ...] = ()
+    completed: bool | None = None  # batch-job: the Job's Complete condition
+    skipped: str | None = None  # why it did not run
+    error: str | None = None  # the API refused or the run broke
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    node: str
+    allocatable: int  # nvidia.com/gpu the node offers
+    allocated: int  # held by pods running there before verify started
+
+
+class Interrupted(Exception):
+    """The run was stopped (Ctrl-C): workers give up their waits at once."""
+
+
+class _Api:
+    """The few calls the pod phase makes, with JSON in and out (no typed models)."""
+
+    def __init__(self, api_client: Any, stop: threading.Event) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.stop = stop
+
+    def sleep(self, seconds: float) -> None:
+        if self.stop.wait(seconds):
+            raise Interrupted
+
+    def pods(self, namespace: str, selector: str) -> list[dict]:
+        response = self.core.list_namespaced_pod(
+            namespace, label_selector=selector, _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT)
+        return json.loads(response.data).get("items") or []
+
+    def log(self, namespace: str, pod: str) -> str:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.core.read_namespaced_pod_log(
+                pod, namespace, _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT).data.decode(errors="replace")
+        except ApiException:
+            return ""
+
+    def job(self, namespace: str, name: str) -> dict:
+        response = self.batch.read_namespaced_job(
+            name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+        return json.loads(response.data)
+
+
+def _pod_state(pod: Mapping[str, Any]) -> tuple[str, str]:
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    reasons = [c.get("message") or c.get("reason") for c in status.get("conditions") or []
+               if c.get("status") == "False" and (c.get("message") or c.get("reason"))]
+    for cs in status.get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason"):
+            reasons.append(f"{waiting['reason']}: {waiting.get('message', '')}".strip(": "))
+    return phase, "; ".join(reasons) or status.get("message") or ""
+
+
+class NodeRunner:
+    """The smoke workloads of one node."""
+
+    def __init__(self, api: _Api, namespace: str, target: Target, timeout: float,
+                 values: Mapping[str, Any]) -> None:
+        self.api = api
+        self.ns = namespace
+        self.target = target
+        self.timeout = timeout
+        self.values = values
+        self.prefix = f"smoke-{_dns_label(target.node)}"
+
+    def _selector(self, kind: str) -> str:
+        return f"gpuprov.io/smoke={kind},gpuprov.io/node={_dns_label(self.target.node)}"
+
+    def _labelled(self, obj: dict, kind: str) -> dict:
+        extra = {"gpuprov.io/smoke": kind, "gpuprov.io/node": _dns_label(self.target.node)}
+        obj["metadata"].setdefault("labels", {}).update(extra)
+        template = obj.get("spec", {}).get("template")
+        if template is not None:
+            template.setdefault("metadata", {}).setdefault("labels", {}).update(extra)
+        return obj
+
+    def _wait(self, kind: str, count: int, done: Callable[[list[dict]], bool]) -> list[dict]:
+        deadline = time.monotonic() + self.timeout
+        pods: list[dict] = []
+        while True:
+            pods = self.api.pods(self.ns, self._selector(kind))
+            if len(pods) >= count and done(pods):
+                return pods
+            if time.monotonic() > deadline:
+                return pods
+            self.api.sleep(POLL_S)
+
+    def _records(self, pods: list[dict], timed_out: bool) -> tuple[PodRecord, ...]:
+        records = []
+        for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+            phase, why = _pod_state(pod)
+            name = pod["metadata"]["name"]
+            text = self.api.log(self.ns, name) if phase != "Pending" else ""
+            if timed_out and phase in ("Pending", "Running") and not gpu_uuids(text):
+                phase = "Timeout"
+            records.append(PodRecord(name, phase, tuple(gpu_uuids(text)), why))
+        return tuple(records)
+
+    def _create_pod(self, name: str, kind: str, gpus: int, command: Sequence[str]) -> None:
+        pod = manifests.smoke_pod(name, self.ns, gpus=gpus, node=self.target.node,
+                                  values=self.values, command=list(command))
+        self.api.core.create_namespaced_pod(self.ns, self._labelled(pod, kind),
+                                            _request_timeout=REQUEST_TIMEOUT)
+
+    def gpu_count(self) -> SmokeRun:
+        n = self.target.allocatable
+        if self.target.allocated:
+            return SmokeRun("gpu-count", n, skipped=(
+                f"{self.target.allocated} of {n} GPUs are in use by pods: a pod asking for "
+                "all of them would wait; run verify on an idle node"))
+        self._create_pod(f"{self.prefix}-all", "gpu-count", n, manifests.SMOKE_COMMAND)
+        pods = self._wait("gpu-count", 1, lambda ps: all(
+            _pod_state(p)[0] in ("Succeeded", "Failed") for p in ps))
+        timed_out = not pods or _pod_state(pods[0])[0] not in ("Succeeded", "Failed")
+        return SmokeRun("gpu-count", n, self._records(pods, timed_out))
+
+    def isolation(self) -> SmokeRun:
+        free = self.target.allocatable - self.target.allocated
+        count = min(free, MAX_ISOLATION_PODS)
+        if self.target.allocatable < 2:
+            return SmokeRun("isolation", 1, skipped="fewer than 2 GPUs: nothing to isolate")
+        if count < 2:
+            return SmokeRun("isolation", 1, skipped=f"only {free} free GPU(s): need 2")
+        for i in range(count):
+            self._create_pod(f"{self.prefix}-iso-{i}", "isolation", 1, HOLD_COMMAND)
+
+        def all_running_and_printed(pods: list[dict]) -> bool:
+            if not all(_pod_state(p)[0] == "Running" for p in pods):
+                return False
+            return all(gpu_uuids(self.api.log(self.ns, p["metadata"]["name"])) for p in pods)
+
+        pods = self._wait("isolation", count, all_running_and_printed)
+        timed_out = not (len(pods) >= count and all_running_and_printed(pods))
+        records = self._records(pods, timed_out)
+        # They held their GPUs only to be seen together: release them for the next workload.
+        self.api.core.delete_collection_namespaced_pod(
+            self.ns, label_selector=self._selector("isolation"), grace_period_seconds=0,
+            _request_timeout=REQUEST_TIMEOUT)
+        self._wait("isolation", 0, lambda ps: not ps)
+        return SmokeRun("isolation", 1, records)
+
+    def batch_job(self) -> SmokeRun:
+        if self.target.allocatable - self.target.allocated < 1:
+            return SmokeRun("batch-job", 1, skipped="no free GPU for the Job")
+        name = f"{self.prefix}-job"
+        job = manifests.smoke_job(name, self.ns, gpus=1, node=self.target.node,
+                                  values=self.values,
+                                  deadline_seconds=max(int(self.timeout), 1))
+        self.api.batch.create_namespaced_job(self.ns, self._labelled(job, "batch-job"),
+                                             _request_timeout=REQUEST_TIMEOUT)
+        deadline = time.monotonic() + self.timeout
+        completed = None
+        while time.monotonic() <= deadline:
+            conditions = (self.api.job(self.ns, name).get("status") or {}).get("conditions")
+            states = {c.get("type"): c.get("status") for c in conditions or []}
+            if states.get("Complete") == "True":
+                completed = True
+                break
+            if states.get("Failed") == "True":
+                completed = False
+                break
+            self.api.sleep(POLL_S)
+        pods = self.api.pods(self.ns, f"job-name={name}")
+        return SmokeRun("batch-job", 1, self._records(pods, completed is None),
+                        completed=completed)
+
+    def run(self, kinds: Sequence[str]) -> dict[str, SmokeRun]:
+        runs: dict[str, SmokeRun] = {}
+        for kind, step in (("gpu-count", self.gpu_count), ("isolation", self.isolation),
+                           ("batch-job", self.batch_job)):
+            if kind not in kinds:
+                continue
+            try:
+                runs[kind] = step()
+            except Interrupted:
+                raise
+            except Exception as exc:  # the API refused: reported on this node's line
+                log.debug("smoke %s on %s", kind, self.target.node, exc_info=True)
+                runs[kind] = SmokeRun(kind, 0, error=_api_error(exc))
+        return runs
+
+
+def _api_error(exc: Exception) -> str:
+    status = getattr(exc, "status", None)
+    body = getattr(exc, "body", None)
+    if status is not None:
+        try:
+            text = json.loads(body).get("message") if body else None
+        except (ValueError, AttributeError):
+            text = None
+        return f"API {status} {getattr(exc, 'reason', '')}: {text or ''}".strip(": ")
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _dns_label(name: str) -> str:
+    label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+    return label[:40] or "node"
+
+
+@contextlib.contextmanager
+def smoke_namespace(api_client: Any) -> Iterator[str]:
+    """A fresh namespace, deleted on the way out whatever happened, and waited for."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(api_client)
+    name = NAMESPACE_PREFIX + secrets.token_hex(4)
+    core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
+                           "metadata": {"name": name, "labels": dict(MANAGED_LABEL)}},
+                          _request_timeout=REQUEST_TIMEOUT)
+    try:
+        yield name
+    finally:
+        try:
+            core.delete_namespace(name, propagation_policy="Foreground",
+                                  grace_period_seconds=0, _request_timeout=REQUEST_TIMEOUT)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                core.read_namespace(name, _request_timeout=REQUEST_TIMEOUT)
+                time.sleep(POLL_S)
+            log.warning("namespace %s is still terminating; it goes away by itself", name)
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("could not delete namespace %s: %s", name, _api_error(exc))
+        except KeyboardInterrupt:
+            # A second Ctrl-C while cleaning up: the delete was sent, say so and stop.
+            log.warning("namespace %s was asked to go away; not waiting", name)
+            raise
+
+
+def run(api_client: Any, targets: Sequence[Target], kinds: Sequence[str], timeout: float,
+        concurrency: int, image: str | None = None) -> dict[str, dict[str, SmokeRun]]:
+    """node -> kind -> SmokeRun, for every target; the namespace is gone on return."""
+    if not targets or not kinds:
+        return {}
+    values = dict(manifests.load_values())
+    if image:
+        values["nvidia_device_plugin_smoke_image"] = image
+    stop = threading.Event()
+    api = _Api(api_client, stop)
+    results: dict[str, dict[str, SmokeRun]] = {}
+    with smoke_namespace(api_client) as namespace:
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, concurrency),
+                                                     thread_name_prefix="smoke")
+        try:
+            futures = {pool.submit(NodeRunner(api, namespace, t, timeout, values).run,
+                                   kinds): t.node for t in targets}
+            for future in concurrent.futures.as_completed(futures):
+                results[futures[future]] = future.result()
+        finally:
+            # Ctrl-C lands here first: the workers stop waiting, then the namespace goes.
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+    return results

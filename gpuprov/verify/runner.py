@@ -1,0 +1,207 @@
+"""Select checks, collect every node's facts, then evaluate: nothing is decided until
+every node has answered (or failed to), so one bad host never hides the others."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Sequence
+
+from gpuprov.errors import GpuprovError
+from gpuprov.verify import checks as _registered  # noqa: F401 (registers every check)
+from gpuprov.verify import cluster, nodes, pods
+from gpuprov.verify.checks.host import PROBE_CHECK
+from gpuprov.verify.facts import ClusterFacts, NodeFacts, PodFacts
+from gpuprov.verify.findings import (
+    CHECKS,
+    ERROR,
+    FAIL,
+    Check,
+    Finding,
+    errored,
+    skipped,
+)
+from gpuprov.verify.inventory import Node
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    only: tuple[str, ...] = ()  # --checks: ids or families ("gpu"); empty: all
+    skip: tuple[str, ...] = ()  # --skip
+    timeout: float = 60.0
+    concurrency: int = 32
+    kubeconfig: str | None = None
+    context: str | None = None
+    pods: bool = True  # --no-pods: False
+    image: str | None = None  # --image: the smoke pods' image, and pods.cuda-compat
+
+
+def _matches(check_id: str, pattern: str) -> bool:
+    return check_id == pattern or check_id.split(".", 1)[0] == pattern
+
+
+def select_checks(only: Iterable[str] = (), skip: Iterable[str] = ()) -> list[Check]:
+    """The checks to run, in report order; an unknown id or family is a usage error."""
+    only, skip = list(only), list(skip)
+    for pattern in only + skip:
+        if not any(_matches(c, pattern) for c in CHECKS):
+            families = sorted({c.split(".", 1)[0] for c in CHECKS})
+            raise GpuprovError(f"unknown check {pattern!r}; known: {', '.join(CHECKS)} "
+                               f"(or a family: {', '.join(families)})")
+    return [c for c in CHECKS.values()
+            if (not only or any(_matches(c.id, p) for p in only))
+            and not any(_matches(c.id, p) for p in skip)]
+
+
+def _evaluate(check: Check, node: str, facts: NodeFacts | ClusterFacts) -> Finding:
+    try:
+        verdict = check.func(facts)
+    except Exception as exc:  # a check's bug is reported on its line, not as a crash
+        log.debug("check %s on %s crashed", check.id, node, exc_info=True)
+        verdict = errored(f"check crashed: {type(exc).__name__}: {exc}")
+    return check.finding(node, verdict)
+
+
+def node_findings(results: Sequence[nodes.ProbeResult], selected: Sequence[Check]) -> list[Finding]:
+    node_checks = [c for c in selected if c.phase == "node"]
+    fleet = {r.node.name: NodeFacts(r.node, r.report) for r in results if r.report is not None}
+    fleet = {name: dataclasses.replace(f, fleet=fleet) for name, f in fleet.items()}
+    findings: list[Finding] = []
+    for result in results:
+        name = result.node.name
+        facts = fleet.get(name)
+        if facts is None:
+            # Reported even when host.probe is not selected: an unreachable node is news.
+            status = ERROR if result.unreachable else FAIL
+            findings.append(Finding(
+                PROBE_CHECK, name, status,
+                ("unreachable: " if result.unreachable else "probe failed: ") + str(result.error),
+                {"unreachable": result.unreachable}, CHECKS[PROBE_CHECK].remediation))
+            findings += [c.finding(name, skipped(f"not checked: no probe report ({PROBE_CHECK})"))
+                         for c in node_checks if c.id != PROBE_CHECK]
+            continue
+        gpu_node = bool(facts.pci)
+        for check in node_checks:
+            if check.gpu_only and not gpu_node:
+                findings.append(check.finding(name, skipped("no NVIDIA GPU on PCI")))
+            else:
+                findings.append(_evaluate(check, name, facts))
+    return findings
+
+
+def cluster_findings(results: Sequence[nodes.ProbeResult], view: cluster.ClusterView | None,
+                     selected: Sequence[Check], why_none: str = "") -> list[Finding]:
+    cluster_checks = [c for c in selected if c.phase == "cluster"]
+    findings: list[Finding] = []
+    for result in results:
+        name = result.node.name
+        for check in cluster_checks:
+            if view is None:
+                findings.append(check.finding(name, skipped(why_none)))
+                continue
+            k8s = result.node.node_name
+            facts = ClusterFacts(result.node, result.report, view.nodes.get(k8s),
+                                 view.pods_by_node.get(k8s, ()))
+            gpu_node = bool((result.report or {}).get("pci")) or (
+                result.report is None and result.node.gpu_expected)
+            if check.gpu_only and not gpu_node:
+                findings.append(check.finding(name, skipped("no NVIDIA GPU on PCI")))
+            else:
+                findings.append(_evaluate(check, name, facts))
+    return findings
+
+
+def _allocatable(k8s_node: dict | None) -> int:
+    value = ((k8s_node or {}).get("status") or {}).get("allocatable", {}).get(pods.GPU_RESOURCE)
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def _requested(pod: dict) -> int:
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        requests = (container.get("resources") or {}).get("requests") or {}
+        total += int(limits.get(pods.GPU_RESOURCE) or requests.get(pods.GPU_RESOURCE) or 0)
+    return total
+
+
+def pod_findings(results: Sequence[nodes.ProbeResult], view: cluster.ClusterView | None,
+                 selected: Sequence[Check], options: Options, api: object | None,
+                 why_none: str = "") -> list[Finding]:
+    """Smoke workloads on the GPU nodes that advertise GPUs, then the pod checks."""
+    pod_checks = [c for c in selected if c.phase == "pod"]
+    if not pod_checks:
+        return []
+    kinds = [k for k in (c.id.split(".", 1)[1] for c in pod_checks) if k in pods.SMOKE_KINDS]
+    targets: list[pods.Target] = []
+    why_not: dict[str, str] = {}
+    for result in results:
+        name = result.node.name
+        if not options.pods:
+            why_not[name] = "--no-pods"
+        elif view is None:
+            why_not[name] = why_none
+        elif result.report is None:
+            why_not[name] = f"no probe report ({PROBE_CHECK})"
+        elif _allocatable(view.nodes.get(result.node.node_name)) < 1:
+            why_not[name] = "the node advertises no nvidia.com/gpu (see k8s.allocatable)"
+        else:
+            k8s = result.node.node_name
+            held = sum(_requested(p) for p in view.pods_by_node.get(k8s, ()))
+            targets.append(pods.Target(k8s, _allocatable(view.nodes.get(k8s)), held))
+    runs = pods.run(api, targets, kinds, options.timeout, options.concurrency,
+                    options.image) if targets and kinds else {}
+    findings = []
+    for result in results:
+        name = result.node.name
+        facts = PodFacts(result.node, result.report, runs.get(result.node.node_name, {}),
+                         why_not.get(name), options.image)
+        gpu_node = bool((result.report or {}).get("pci")) or (
+            result.report is None and result.node.gpu_expected)
+        for check in pod_checks:
+            if not gpu_node:
+                findings.append(check.finding(name, skipped("no NVIDIA GPU on PCI")))
+            else:
+                findings.append(_evaluate(check, name, facts))
+    return findings
+
+
+def run(
+    inventory_nodes: list[Node],
+    options: Options,
+    progress: nodes.Progress | None = None,
+    probe: nodes.ProbeFunc | None = None,
+) -> list[Finding]:
+    """Every selected check on every node, grouped by node in inventory order."""
+    selected = select_checks(options.only, options.skip)
+    wants_cluster = any(c.phase in ("cluster", "pod") for c in selected)
+    api = None
+    why_none = ""
+    if wants_cluster:
+        # Configuration problems (exit 2) surface before minutes of SSH, not after.
+        inventory_config = next((n.kubeconfig for n in inventory_nodes if n.kubeconfig), None)
+        kubeconfig = cluster.find_kubeconfig(options.kubeconfig, inventory_config)
+        if kubeconfig is None:
+            if options.context:
+                raise GpuprovError(f"--context {options.context} given but no kubeconfig "
+                                   "found; pass --kubeconfig FILE")
+            why_none = "no kubeconfig (pass --kubeconfig FILE): cluster not checked"
+            log.warning("%s", why_none)
+        else:
+            api = cluster.api_client(kubeconfig, options.context)
+    results = nodes.collect(inventory_nodes, options.timeout, options.concurrency,
+                            probe=probe, progress=progress)
+    findings = node_findings(results, selected)
+    if wants_cluster:
+        view = cluster.snapshot(api) if api is not None else None
+        findings += cluster_findings(results, view, selected, why_none)
+        findings += pod_findings(results, view, selected, options, api, why_none)
+    order = {n.name: i for i, n in enumerate(inventory_nodes)}
+    rank = {c: i for i, c in enumerate(CHECKS)}
+    return sorted(findings, key=lambda f: (order.get(f.node, len(order)), rank.get(f.check, 0)))
+

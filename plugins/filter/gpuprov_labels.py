@@ -1,0 +1,79 @@
+"""Ansible filters that give the gpu_node_labels role gpuprov's label computation.
+
+The role and `gpuprov verify` must agree on a node's labels, so the computation exists once,
+in gpuprov.labels; these filters call the gpuprov package the controller's Python has
+installed (`pip install -e .`). They run on the controller, like every filter.
+
+    probe_report | gpuprov_node_labels(series_key='gputype')
+        -> {"gputype": "p100", "nvidia.com/gpu.product": "Tesla-P100-PCIE-16GB", ...}
+    node_labels | gpuprov_label_patch(expected_labels, series_key='gputype')
+        -> {"gputype": "p100", "nvidia.com/gpu.memory": None, ...}  (null: remove)
+    key | gpuprov_label_owned(series_key='gputype')  -> bool
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+INSTALL_HINT = (
+    "gpuprov is not importable by the Python that runs ansible ({error}): "
+    "install gpuprov in the Python that runs ansible: pip install -e ."
+)
+
+
+def _labels() -> Any:
+    # Imported on first use: Ansible loads every filter plugin for every template.
+    try:
+        from gpuprov import labels
+    except ImportError as exc:
+        raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
+    return labels
+
+
+def _mapping(value: Any, filter_name: str, what: str) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise AnsibleFilterError(f"{filter_name} expects {what}, got {value!r}")
+    return value
+
+
+def gpuprov_node_labels(report: Any, series_key: str = "gputype") -> dict[str, str]:
+    """The labels gpuprov owns for the node a probe report describes (gpuprov.labels)."""
+    labels = _labels()
+    _mapping(report, "gpuprov_node_labels", "a gpuprov probe report (a dict)")
+    try:
+        return labels.compute_labels(report, str(series_key))
+    except Exception as exc:  # one line for the admin instead of a traceback
+        raise AnsibleFilterError(f"gpuprov_node_labels: {exc}") from exc
+
+
+def gpuprov_label_patch(current: Any, expected: Any,
+                        series_key: str = "gputype") -> dict[str, str | None]:
+    """Owned labels to set (value) or remove (None) so that the node's owned labels are
+    `expected`; labels gpuprov does not own are never in it."""
+    labels = _labels()
+    current = _mapping(current or {}, "gpuprov_label_patch", "the node's labels (a dict)")
+    expected = _mapping(expected, "gpuprov_label_patch", "the computed labels (a dict)")
+    try:
+        return labels.label_patch(current, expected, str(series_key))
+    except Exception as exc:
+        raise AnsibleFilterError(f"gpuprov_label_patch: {exc}") from exc
+
+
+def gpuprov_label_owned(key: Any, series_key: str = "gputype") -> bool:
+    labels = _labels()
+    try:
+        return labels.is_owned(str(key), str(series_key))
+    except Exception as exc:
+        raise AnsibleFilterError(f"gpuprov_label_owned: {exc}") from exc
+
+
+class FilterModule:
+    def filters(self) -> dict:
+        return {
+            "gpuprov_label_owned": gpuprov_label_owned,
+            "gpuprov_label_patch": gpuprov_label_patch,
+            "gpuprov_node_labels": gpuprov_node_labels,
+        }

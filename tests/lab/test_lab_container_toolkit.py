@@ -1,0 +1,68 @@
+"""playbooks/container_toolkit.yml on the lab: the toolkit from the lab's signed local
+repository (gpuprov/lab/pkgrepo.py, mounted read-only in every node) through the role's
+repository settings, NVIDIA's runtime merged into each GPU node's real containerd, and the
+lab's emulated device plugin registration (one parser: the probe) seeing it.
+
+Runs after the session's first site.yml run (site_run), so that whichever stages site.yml has
+by then, this stage is checked on top of them, then run again to prove it changes nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuprov.lab.kube.backend import LabBackend, runtime_from_probe
+
+GPU_NODES = ["gpu-kepler", "gpu-pascal", "gpu-hopper"]
+
+
+@pytest.fixture(scope="module")
+def toolkit_runs(site_run, playbook):
+    return playbook("playbooks/container_toolkit.yml"), playbook("playbooks/container_toolkit.yml")
+
+
+def _failures(doc: dict) -> str:
+    return "\n".join(
+        f"{host}: {task['task']['name']}: {result.get('msg')}"
+        for play in doc["plays"] for task in play["tasks"]
+        for host, result in task["hosts"].items()
+        if result.get("failed") or result.get("unreachable")
+    )
+
+
+def test_stage_runs_and_a_second_run_changes_nothing(toolkit_runs):
+    (rc, first), (rc2, second) = toolkit_runs
+    assert rc == 0, _failures(first)
+    assert rc2 == 0, _failures(second)
+    assert {h: s["changed"] for h, s in second["stats"].items()} == dict.fromkeys(GPU_NODES, 0)
+
+
+@pytest.mark.parametrize("name", GPU_NODES)
+def test_gpu_node_runs_nvidia_runtime_from_the_local_repository(toolkit_runs, lab,
+                                                                node_connection, name):
+    conn = node_connection(name)
+    run = lambda cmd: conn.run(cmd, hide=True, in_stream=False).stdout  # noqa: E731
+    assert run("nvidia-ctk --version").startswith("NVIDIA Container Toolkit CLI version 1.17.8")
+    assert "file:/srv/gpuprov-lab-repo/stable/deb/amd64" in run(
+        "apt-cache policy nvidia-container-toolkit"
+    )
+    # containerd itself loads the drop-in: Debian's CRI settings and NVIDIA's runtime.
+    dump = run("containerd config dump")
+    assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in dump
+    assert 'default_runtime_name = "nvidia"' in dump
+    assert 'bin_dir = "/usr/lib/cni"' in dump
+    assert "Server:" in run("ctr version")
+    # What the emulated device plugin registration decides from the probe's report.
+    config = runtime_from_probe(LabBackend(lab.dir).probe(name))
+    assert config.runtime == "containerd" and config.default_handler == "nvidia"
+    assert config.handler_is_nvidia(None) and "nvidia" in config.nvidia_handlers
+
+
+def test_cpu_node_is_left_alone(toolkit_runs, node_connection):
+    out = node_connection("cpu-only").run(
+        "ls /etc/apt/sources.list.d /etc/containerd; "
+        "dpkg-query -W nvidia-container-toolkit 2>&1 || true",
+        hide=True, in_stream=False,
+    ).stdout
+    assert "nvidia-container-toolkit.sources" not in out
+    assert "conf.d" not in out and "no packages found" in out

@@ -1,0 +1,215 @@
+"""`gpuprov verify` against the lab after site.yml: passes when healthy, and each fault fails
+the right check on the right node and nothing on the others; bad input is exit 2; nothing of
+the smoke tests is left behind, Ctrl-C included."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from gpuprov.lab import podman
+from gpuprov.verify import pods
+from gpuprov.verify.findings import CHECKS
+
+GPU_NODES = ("gpu-kepler", "gpu-pascal", "gpu-hopper")
+EVERY_CHECK = set(CHECKS) - {"pods.cuda-compat"}  # that one needs --image
+
+
+@pytest.fixture(scope="module")
+def converged(site_run):
+    rc, _ = site_run
+    assert rc == 0, "site.yml failed on the lab; see test_site_playbook"
+
+
+@pytest.fixture(scope="module")
+def verify(lab, converged):
+    def _run(*argv: str, timeout: float = 600) -> tuple[int, dict | None, str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpuprov", "verify", "-i", str(lab.inventory_path), *argv],
+            capture_output=True, text=True, timeout=timeout,
+        )
+        doc = json.loads(proc.stdout) if "--json" in argv and proc.stdout.strip() else None
+        return proc.returncode, doc, proc.stdout + proc.stderr
+    return _run
+
+
+@pytest.fixture(scope="module")
+def core(lab, converged):
+    return client.CoreV1Api(config.new_client_from_config(str(lab.kubeconfig_path)))
+
+
+def _failed(doc: dict) -> set[tuple[str, str]]:
+    return {(r["node"], r["check"]) for r in doc["results"] if r["status"] == "fail"}
+
+
+def _verify_namespaces(core) -> list[str]:
+    return [n.metadata.name for n in core.list_namespace().items
+            if n.metadata.name.startswith(pods.NAMESPACE_PREFIX)]
+
+
+def _smoke_pods(core) -> list[str]:
+    return [p.metadata.name for p in core.list_pod_for_all_namespaces(
+        label_selector="app.kubernetes.io/name=gpuprov-smoke").items]
+
+
+def test_healthy_lab_passes_every_check_on_every_gpu_node(verify, core):
+    rc, doc, out = verify("--json")
+    assert rc == 0, out
+    for node in GPU_NODES:
+        got = {r["check"]: r["status"] for r in doc["results"] if r["node"] == node}
+        assert set(got) >= EVERY_CHECK, node
+        assert {c: got[c] for c in EVERY_CHECK} == dict.fromkeys(EVERY_CHECK, "pass"), node
+    pascal = {r["check"]: r for r in doc["results"] if r["node"] == "gpu-pascal"}
+    assert len(pascal["pods.gpu-count"]["details"]["seen"]) == 4
+    assert len(pascal["pods.isolation"]["details"]["pods"]) == 4
+    assert _verify_namespaces(core) == [] and _smoke_pods(core) == []
+
+
+@pytest.mark.parametrize(("node", "fault", "check"), [
+    ("gpu-pascal", "version-mismatch", "driver.version-match"),
+    ("gpu-hopper", "gpu-lost", "nvml.gpu-count"),
+    ("gpu-kepler", "ecc-uncorrectable", "gpu.ecc"),
+    ("gpu-pascal", "hot-gpu", "gpu.thermal"),
+    ("gpu-hopper", "plugin-unregistered", "k8s.allocatable"),
+])
+def test_fault_fails_its_check_on_its_node_only(lab, verify, clean_faults, node, fault, check):
+    lab.fault(node, fault)
+    if fault == "plugin-unregistered":  # the emulator's device plugin notices within a tick
+        time.sleep(2)
+    rc, doc, out = verify("--json", "--no-pods")
+    assert rc == 1, out
+    failed = _failed(doc)
+    assert (node, check) in failed, failed
+    assert {n for n, _ in failed} == {node}, failed
+    others = [r for r in doc["results"] if r["node"] != node]
+    assert others and all(r["status"] in ("pass", "skip") for r in others)
+
+
+def test_double_allocate_fails_isolation(lab, verify, clean_faults, core):
+    lab.fault("gpu-pascal", "double-allocate")
+    rc, doc, out = verify("--json", "--limit", "gpu-pascal", "--checks", "pods")
+    assert rc == 1, out
+    assert _failed(doc) == {("gpu-pascal", "pods.isolation")}
+    assert _verify_namespaces(core) == []
+
+
+def test_hand_edited_label_fails_labels(verify, core):
+    node = core.read_node("gpu-kepler")
+    original = node.metadata.labels["gputype"]
+    core.patch_node("gpu-kepler", {"metadata": {"labels": {"gputype": "p100"}}})
+    try:
+        rc, doc, out = verify("--json", "--no-pods")
+    finally:
+        core.patch_node("gpu-kepler", {"metadata": {"labels": {"gputype": original}}})
+    assert rc == 1, out
+    assert _failed(doc) == {("gpu-kepler", "k8s.labels")}
+    diff = next(r for r in doc["results"] if r["check"] == "k8s.labels"
+                and r["node"] == "gpu-kepler")["details"]["diff"]
+    assert diff == {"gputype": {"actual": "p100", "expected": original}}
+
+
+def test_cuda_toolkit_package_fails_no_cuda_toolkit(verify, node_connection):
+    conn = node_connection("gpu-hopper")
+    # A package named like NVIDIA's toolkit (whose repository is unreachable here), installed
+    # with the node's real dpkg: what the check reads.
+    conn.run("set -e; d=$(mktemp -d); mkdir $d/DEBIAN; printf '%s\\n' 'Package: cuda-toolkit-12-4' "
+             "'Version: 12.4.1-1' 'Architecture: all' 'Maintainer: gpuprov tests <t@invalid>' "
+             "'Description: stand-in for the CUDA toolkit' > $d/DEBIAN/control; "
+             "dpkg-deb --build $d /tmp/cuda-toolkit.deb >/dev/null; dpkg -i /tmp/cuda-toolkit.deb",
+             hide=True, in_stream=False)
+    try:
+        rc, doc, out = verify("--json", "--no-pods", "--limit", "gpu-hopper")
+    finally:
+        conn.run("dpkg -r cuda-toolkit-12-4", hide=True, in_stream=False)
+    assert rc == 1, out
+    assert _failed(doc) == {("gpu-hopper", "host.no-cuda-toolkit")}
+
+
+def test_nvidia_runtime_removed_fails_runtime_check(verify, node_connection):
+    conn = node_connection("gpu-pascal")
+    drop_ins = conn.run("grep -l nvidia-container-runtime /etc/containerd/conf.d/*.toml",
+                        hide=True, in_stream=False, warn=True).stdout.split()
+    assert drop_ins, "site.yml left no containerd drop-in with the nvidia runtime"
+    conn.run(f"mkdir -p /root/aside && mv {' '.join(drop_ins)} /root/aside/",
+             hide=True, in_stream=False)
+    try:
+        rc, doc, out = verify("--json", "--no-pods", "--limit", "gpu-pascal")
+    finally:
+        conn.run("mv /root/aside/*.toml /etc/containerd/conf.d/", hide=True, in_stream=False)
+    assert rc == 1, out
+    assert ("gpu-pascal", "runtime.nvidia") in _failed(doc)
+    assert {n for n, _ in _failed(doc)} == {"gpu-pascal"}
+
+
+def test_stopped_node_is_exit_3_and_the_others_are_fully_checked(lab, verify):
+    container = lab.require().node("gpu-kepler").container
+    podman.podman("stop", "--time", "2", container)
+    try:
+        rc, doc, out = verify("--json", "--no-pods", "--timeout", "10")
+    finally:
+        lab.up()  # starts the stopped container again and waits for its SSH
+    assert rc == 3, out
+    kepler = {r["check"]: r["status"] for r in doc["results"] if r["node"] == "gpu-kepler"}
+    assert kepler["host.probe"] == "error"
+    for node in ("gpu-pascal", "gpu-hopper"):
+        got = {r["check"]: r["status"] for r in doc["results"] if r["node"] == node}
+        node_checks = {c for c, spec in CHECKS.items() if spec.phase in ("node", "cluster")}
+        assert {c: got[c] for c in node_checks} == dict.fromkeys(node_checks, "pass"), node
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--limit", "no-such-node"], "matches none of"),
+    (["--kubeconfig", "/nonexistent/kubeconfig"], "does not exist"),
+    (["--context", "prod"], "context 'prod' is not in"),
+    (["--checks", "gpu.nope"], "unknown check 'gpu.nope'"),
+])
+def test_bad_input_is_one_line_and_exit_2(verify, argv, words):
+    rc, _, out = verify(*argv)
+    assert rc == 2, out
+    assert words in out and len(out.strip().splitlines()) == 1, out
+
+
+def test_missing_inventory_is_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "gpuprov", "verify", "-i",
+                           str(tmp_path / "nope.yml")], capture_output=True, text=True)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_sigint_during_the_pod_phase_leaves_nothing_behind(lab, converged, core):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuprov", "verify", "-i", str(lab.inventory_path),
+         "--checks", "pods"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not _smoke_pods(core):
+        time.sleep(0.2)
+    assert _smoke_pods(core), "no smoke pod appeared within 60 s"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert _verify_namespaces(core) == [] and _smoke_pods(core) == []
+
+
+def test_status_shows_every_gpu(lab, converged):
+    proc = subprocess.run([sys.executable, "-m", "gpuprov", "status", "-i",
+                           str(lab.inventory_path), "--json"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    counts = {n["node"]: len(n["gpus"]) for n in json.loads(proc.stdout)["nodes"]}
+    assert counts == {"gpu-kepler": 2, "gpu-pascal": 4, "gpu-hopper": 8, "cpu-only": 0}
+
+
+def test_unreachable_api_server_is_exit_2(verify, tmp_path):
+    dead = Path(tmp_path) / "dead-kubeconfig"
+    dead.write_text("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n"
+                    "    server: http://127.0.0.1:9\ncontexts:\n- name: c\n  context:\n"
+                    "    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n"
+                    "  user: {}\n")
+    rc, _, out = verify("--kubeconfig", str(dead))
+    assert rc == 2 and "unreachable" in out and len(out.strip().splitlines()) == 1, out

@@ -1,0 +1,111 @@
+"""The lab's simulated NVIDIA container toolkit repository (gpuprov/lab/pkgrepo.py) and its
+nvidia-ctk stand-in, on this machine (no containers): signed as apt will check it, cached, and
+a CDI spec of the simulated GPUs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from gpuprov.lab import pkgrepo, profiles, simhw
+
+pytestmark = pytest.mark.skipif(
+    any(shutil.which(t) is None for t in ("dpkg-deb", "dpkg-scanpackages", "gpg", "gpgv")),
+    reason="needs dpkg-dev and gnupg (scripts/install-system-deps.sh)",
+)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> pkgrepo.Repo:
+    return pkgrepo.build_repo(tmp_path_factory.mktemp("pkgrepo"))
+
+
+def test_repository_has_nvidias_layout_and_packages(repo):
+    arch = repo.root / "stable" / "deb" / "amd64"
+    names = sorted(p.name for p in arch.iterdir())
+    assert names == [
+        "InRelease", "Packages", "Packages.gz", "Release", "Release.gpg",
+        "libnvidia-container-tools_1.17.8-1_amd64.deb",
+        "libnvidia-container1_1.17.8-1_amd64.deb",
+        "nvidia-container-toolkit-base_1.17.8-1_amd64.deb",
+        "nvidia-container-toolkit_1.17.8-1_amd64.deb",
+    ]
+    text = (arch / "Packages").read_text()
+    stanzas = {s.split("\n", 1)[0].split(": ")[1]: s for s in text.split("\n\n") if s}
+    toolkit = stanzas["nvidia-container-toolkit"]
+    assert "Depends: nvidia-container-toolkit-base (= 1.17.8-1)" in toolkit
+    contents = subprocess.run(
+        ["dpkg-deb", "--contents", str(arch / "nvidia-container-toolkit-base_1.17.8-1_amd64.deb")],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    assert "-rwxr-xr-x root/root" in contents and "./usr/bin/nvidia-ctk" in contents
+    assert "./usr/bin/nvidia-container-runtime" in contents
+
+
+def test_release_is_signed_by_the_published_key_only(repo, tmp_path):
+    keyring = tmp_path / "keyring.gpg"
+    subprocess.run(["gpg", "--batch", "--dearmor", "--output", str(keyring), str(repo.key_file)],
+                   check=True, env={**os.environ, "GNUPGHOME": str(tmp_path)})
+    arch = repo.root / "stable" / "deb" / "amd64"
+    ok = subprocess.run(["gpgv", "--keyring", str(keyring), str(arch / "InRelease")],
+                        capture_output=True, text=True, check=False)
+    assert ok.returncode == 0, ok.stderr
+    assert repo.fingerprint[-16:] in ok.stderr.replace(" ", "")
+    detached = subprocess.run(
+        ["gpgv", "--keyring", str(keyring), str(arch / "Release.gpg"), str(arch / "Release")],
+        capture_output=True, text=True, check=False,
+    )
+    assert detached.returncode == 0, detached.stderr
+    # A tampered index fails verification (apt would refuse it).
+    tampered = tmp_path / "InRelease"
+    tampered.write_text((arch / "InRelease").read_text().replace("Packages", "Packagez", 1))
+    bad = subprocess.run(["gpgv", "--keyring", str(keyring), str(tampered)],
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode != 0
+
+
+def test_rebuilt_only_when_inputs_change(tmp_path, monkeypatch):
+    first = pkgrepo.build_repo(tmp_path)
+    stamp = first.root / ".inputs"
+    mtime = stamp.stat().st_mtime_ns
+    assert pkgrepo.build_repo(tmp_path) == first and stamp.stat().st_mtime_ns == mtime
+    monkeypatch.setattr(pkgrepo, "TOOLKIT_VERSION", "1.17.9-1")
+    again = pkgrepo.build_repo(tmp_path)
+    assert again.fingerprint == first.fingerprint  # the key is kept: nodes keep trusting it
+    debs = sorted(p.name for p in (again.root / "stable/deb/amd64").glob("*.deb"))
+    assert debs and all("1.17.9-1" in name for name in debs)
+
+
+def test_nvidia_ctk_writes_a_cdi_spec_of_the_simulated_gpus(tmp_path):
+    profile = profiles.NODE_PROFILES["gpu-pascal"]
+    library = simhw.build_nvml_library(tmp_path / "nvml")
+    simhw.write_node_state(tmp_path / "node", "gpu-pascal", profile)
+    env = {**os.environ, "LD_LIBRARY_PATH": str(library.parent),
+           "GPUPROV_SIM_DIR": str(tmp_path / "node" / "sim")}
+    ctk = [sys.executable, str(pkgrepo.TOOLKIT_DIR / "nvidia-ctk")]
+    out = tmp_path / "cdi" / "nvidia.yaml"
+    subprocess.run([*ctk, "cdi", "generate", f"--output={out}"], env=env, check=True,
+                   capture_output=True)
+    spec = yaml.safe_load(out.read_text())
+    expected = profiles.expected_gpus("gpu-pascal", profile)
+    assert spec["cdiVersion"] == "0.5.0" and spec["kind"] == "nvidia.com/gpu"
+    names = [d["name"] for d in spec["devices"]]
+    assert names == [str(g.index) for g in expected] + [g.uuid for g in expected] + ["all"]
+    assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    stdout = subprocess.run([*ctk, "cdi", "generate"], env=env, check=True,
+                            capture_output=True, text=True).stdout
+    assert stdout == out.read_text()
+    # No NVML configuration: fails like nvidia-ctk on a node without a driver.
+    failed = subprocess.run([*ctk, "cdi", "generate"], capture_output=True, text=True,
+                            env={**env, "GPUPROV_SIM_DIR": str(tmp_path / "none")}, check=False)
+    assert failed.returncode == 1 and "failed to initialize NVML" in failed.stderr
+    version = subprocess.run([*ctk, "--version"], capture_output=True, text=True, check=True)
+    assert version.stdout.startswith("NVIDIA Container Toolkit CLI version @VERSION@")
+    unknown = subprocess.run([*ctk, "runtime", "configure"], capture_output=True, text=True,
+                             check=False)
+    assert unknown.returncode == 2 and "not simulated" in unknown.stderr

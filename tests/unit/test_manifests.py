@@ -1,0 +1,223 @@
+"""gpuprov.manifests and `gpuprov manifests`: the templates rendered with the role's defaults,
+valid against the official strict schemas, identical to what Ansible renders, and bad values
+refused with one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpuprov import cli, manifests
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "roles" / "nvidia_device_plugin"
+K8S_VERSIONS = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34")
+TIME_SLICED = {"nvidia_device_plugin_time_slicing_replicas": 4,
+               "nvidia_device_plugin_mig_strategy": "mixed",
+               "nvidia_device_plugin_namespace": "gpu-system"}
+
+
+def values_file(tmp_path: Path, values: dict | str) -> Path:
+    path = tmp_path / "values.yml"
+    path.write_text(values if isinstance(values, str) else yaml.safe_dump(values))
+    return path
+
+
+def by_kind(objects: list[dict]) -> dict[str, dict]:
+    return {o["kind"]: o for o in objects}
+
+
+def test_defaults_give_runtime_class_and_daemonset():
+    objects = manifests.device_plugin()
+    assert [o["kind"] for o in objects] == ["RuntimeClass", "DaemonSet"]
+    rc, ds = objects
+    assert rc["metadata"]["name"] == "nvidia" and rc["handler"] == "nvidia"
+    assert ds["metadata"]["namespace"] == "kube-system"
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.17.1"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["runtimeClassName"] == "nvidia"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"]
+    assert {"key": "CriticalAddonsOnly", "operator": "Exists"} in pod["tolerations"]
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False,
+                                            "capabilities": {"drop": ["ALL"]}}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env == {"FAIL_ON_INIT_ERROR": "true", "DEVICE_LIST_STRATEGY": "envvar",
+                   "DEVICE_ID_STRATEGY": "uuid", "MIG_STRATEGY": "none"}
+    assert pod["volumes"][0]["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
+    assert container["volumeMounts"][0]["mountPath"] == "/var/lib/kubelet/device-plugins"
+
+
+def test_time_slicing_adds_the_config_map_passed_with_config_file(tmp_path):
+    objects = by_kind(manifests.device_plugin(values_file(tmp_path, TIME_SLICED)))
+    assert list(objects) == ["RuntimeClass", "ConfigMap", "DaemonSet"]
+    config = yaml.safe_load(objects["ConfigMap"]["data"]["config.yaml"])
+    assert config["version"] == "v1"
+    assert config["flags"]["migStrategy"] == "mixed"
+    assert config["sharing"]["timeSlicing"]["resources"] == [
+        {"name": "nvidia.com/gpu", "replicas": 4}]
+    ds = objects["DaemonSet"]
+    assert ds["metadata"]["namespace"] == objects["ConfigMap"]["metadata"]["namespace"] == \
+        "gpu-system"
+    pod = ds["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert env["CONFIG_FILE"] == "/etc/nvidia-device-plugin/config.yaml"
+    assert env["MIG_STRATEGY"] == "mixed"
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["config"] == "/etc/nvidia-device-plugin"
+    volume = next(v for v in pod["volumes"] if v["name"] == "config")
+    assert volume["configMap"]["name"] == objects["ConfigMap"]["metadata"]["name"]
+
+
+def test_a_config_change_restarts_the_plugin_pods(tmp_path):
+    def annotation(replicas):
+        values = values_file(tmp_path, {"nvidia_device_plugin_time_slicing_replicas": replicas})
+        ds = by_kind(manifests.device_plugin(values))["DaemonSet"]
+        return ds["spec"]["template"]["metadata"]["annotations"]["gpuprov.io/config-sha256"]
+    assert annotation(4) != annotation(8)
+    assert len(annotation(4)) == 64
+
+
+def test_smoke_pod_and_job_request_gpus_with_least_privilege():
+    pod = manifests.smoke_pod("smoke-1", "gpuprov-verify", gpus=2, node="gpu-pascal")
+    job = manifests.smoke_job("smoke-job", "gpuprov-verify", gpus=1)
+    assert pod["kind"] == "Pod" and job["kind"] == "Job" and job["apiVersion"] == "batch/v1"
+    assert pod["metadata"]["namespace"] == job["metadata"]["namespace"] == "gpuprov-verify"
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "gpu-pascal"}
+    assert "nodeSelector" not in job["spec"]["template"]["spec"]
+    assert job["spec"]["backoffLimit"] == 0
+    for spec, gpus in ((pod["spec"], 2), (job["spec"]["template"]["spec"], 1)):
+        assert spec["restartPolicy"] == "Never"
+        assert spec["runtimeClassName"] == "nvidia"
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["runAsUser"] != 0
+        (container,) = spec["containers"]
+        assert container["command"] == ["nvidia-smi", "-L"]
+        # Quantities as the API returns them: strings.
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": str(gpus)}
+        assert container["resources"]["requests"] == {"nvidia.com/gpu": str(gpus)}
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert container["image"] == "docker.io/library/ubuntu:24.04"
+
+
+@pytest.mark.parametrize("gpus", [0, -1, True, "2"])
+def test_smoke_workloads_need_at_least_one_gpu(gpus):
+    with pytest.raises(manifests.GpuprovError):
+        manifests.smoke_pod("s", "ns", gpus=gpus)
+
+
+def _all_objects(tmp_path: Path) -> list[dict]:
+    return (manifests.device_plugin() + manifests.device_plugin(values_file(tmp_path, TIME_SLICED))
+            + [manifests.smoke_pod("smoke", "gpuprov-verify", 1, node="gpu-pascal"),
+               manifests.smoke_job("smoke", "gpuprov-verify", 2)])
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_manifest_validates_against_the_strict_official_schema(version, tmp_path):
+    objects = _all_objects(tmp_path)
+    assert len(objects) == 7
+    for obj in objects:
+        assert kubernetes_validate.validate(obj, version, strict=True) == version
+
+
+def test_the_schema_check_is_not_vacuous():
+    ds = manifests.device_plugin()[1]
+    ds["spec"]["template"]["spec"]["containers"][0]["envv"] = []
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, "1.33", strict=True)
+
+
+def test_role_defaults_and_argument_specs_list_the_same_settings():
+    defaults = manifests.role_defaults()
+    options = manifests.role_options()
+    assert set(defaults) == set(options)
+    for name, spec in options.items():
+        value = defaults[name]
+        if isinstance(value, str) and "{{" in value:
+            continue  # resolved by Ansible (the inventory's k8s_kubeconfig)
+        assert spec.get("default") == value, name
+
+
+def test_ansible_renders_the_same_objects(tmp_path):
+    """The role's lookup of the same template, with the same values, gives the same objects."""
+    playbook_bin = Path(sys.executable).parent / "ansible"
+    if not playbook_bin.exists():
+        pytest.skip("ansible is not installed next to this Python")
+    values = values_file(tmp_path, TIME_SLICED)
+    template = ROOT / "templates" / manifests.DEVICE_PLUGIN_TEMPLATE
+    out = tmp_path / "rendered.json"
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+           "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False"}
+    proc = subprocess.run(
+        [str(playbook_bin), "localhost", "-c", "local", "-m", "ansible.builtin.copy",
+         "-e", f"@{ROLE / 'defaults' / 'main.yml'}", "-e", f"@{values}",
+         "-e", f"ansible_python_interpreter={sys.executable}",
+         "-a", f"dest={out} content={{{{ lookup('ansible.builtin.template', '{template}')"
+               " | ansible.builtin.from_yaml_all | select | list | to_json }}"],
+        capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads(out.read_text()) == manifests.device_plugin(values)
+
+
+def test_cli_prints_the_objects_as_multi_document_yaml(capsys):
+    assert cli.main(["manifests"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("---\n")
+    assert list(yaml.safe_load_all(out)) == manifests.device_plugin()
+
+
+def test_cli_with_values(tmp_path, capsys):
+    assert cli.main(["manifests", "--values", str(values_file(tmp_path, TIME_SLICED))]) == 0
+    kinds = [o["kind"] for o in yaml.safe_load_all(capsys.readouterr().out)]
+    assert kinds == ["RuntimeClass", "ConfigMap", "DaemonSet"]
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "does not exist"),
+    ("a: [\n", "is not valid YAML (line 2)"),
+    ("- 1\n- 2\n", "must be a YAML mapping"),
+    ("nvidia_device_plugin_versoin: v0.18.0\n",
+     "unknown key 'nvidia_device_plugin_versoin' (did you mean nvidia_device_plugin_version?)"),
+    ("nvidia_device_plugin_time_slicing_replicas: '4'\n",
+     "nvidia_device_plugin_time_slicing_replicas must be int, got str '4'"),
+    ("nvidia_device_plugin_use_runtime_class: 1\n",
+     "nvidia_device_plugin_use_runtime_class must be bool"),
+    ("nvidia_device_plugin_mig_strategy: all\n",
+     "nvidia_device_plugin_mig_strategy must be one of none, single, mixed"),
+    ("nvidia_device_plugin_node_selector: {nvidia.com/gpu.present: true}\n",
+     "must map strings to strings"),
+    ("nvidia_device_plugin_time_slicing_replicas: 0\n", "must be 1 (no sharing) or more"),
+])
+def test_cli_bad_values_exit_2_with_one_line(tmp_path, capsys, content, message):
+    path = tmp_path / "values.yml"
+    if content is not None:
+        path.write_text(content)
+    assert cli.main(["manifests", "--values", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuprov: error: ")
+    assert message in lines[0]
+
+
+def test_cli_without_templates_says_where_they_should_be(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(manifests, "REPO_ROOT", tmp_path)
+    assert cli.main(["manifests"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpuprov: error: ") and "pip install -e ." in err
+    assert str(tmp_path) in err
+
+
+def test_an_empty_values_file_means_the_defaults(tmp_path):
+    assert manifests.device_plugin(values_file(tmp_path, "")) == manifests.device_plugin()

@@ -1,0 +1,213 @@
+"""Every node check against recorded probe reports: the healthy baseline passes, and each
+mutation (the fault as the probe reports it) gives the expected status and message."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gpuprov.verify import checks  # noqa: F401 (registers the checks)
+from gpuprov.verify.facts import NodeFacts
+from gpuprov.verify.findings import CHECKS, FAIL, PASS, SKIP, WARN
+from gpuprov.verify.inventory import Node
+from gpuprov.verify.nodes import ProbeResult
+from gpuprov.verify.runner import node_findings
+
+PROBES = Path(__file__).resolve().parent.parent / "fixtures" / "verify" / "probe"
+GPU_NODES = ("gpu-kepler", "gpu-pascal", "gpu-hopper")
+NODE_CHECKS = [c for c in CHECKS.values() if c.phase == "node"]
+
+
+def report(name: str) -> dict:
+    return json.loads((PROBES / f"{name}.json").read_text())
+
+
+def node(name: str, pin: str | None = None) -> Node:
+    return Node(name=name, target=None, gpu_expected=name.startswith("gpu-"),
+                driver_branch_pin=pin)
+
+
+def facts(name: str, mutate: Callable[[dict], None] | None = None, pin: str | None = None,
+          fleet: dict[str, dict] | None = None) -> NodeFacts:
+    doc = report(name)
+    if mutate:
+        mutate(doc)
+    members = {n: NodeFacts(node(n), r) for n, r in (fleet or {}).items()}
+    own = NodeFacts(node(name, pin), doc)
+    members[name] = own
+    return NodeFacts(own.node, doc, members)
+
+
+def run(check_id: str, f: NodeFacts):
+    return CHECKS[check_id].finding(f.node.name, CHECKS[check_id].func(f))
+
+
+@pytest.mark.parametrize("name", GPU_NODES)
+def test_healthy_gpu_node_passes_every_node_check(name):
+    results = [ProbeResult(node(n), report(n)) for n in (*GPU_NODES, "cpu-only")]
+    findings = [f for f in node_findings(results, NODE_CHECKS) if f.node == name]
+    assert {f.check: f.status for f in findings} == {c.id: PASS for c in NODE_CHECKS}
+
+
+def test_cpu_only_node_skips_gpu_checks_and_passes_the_rest():
+    results = [ProbeResult(node("cpu-only"), report("cpu-only"))]
+    statuses = {f.check: f.status for f in node_findings(results, NODE_CHECKS)}
+    assert statuses["host.probe"] == statuses["host.no-cuda-toolkit"] == PASS
+    gpu_checks = [c.id for c in NODE_CHECKS if c.gpu_only]
+    assert gpu_checks and all(statuses[c] == SKIP for c in gpu_checks)
+    assert statuses["nvml.gpu-count"] == SKIP
+
+
+def _gpu(index: int, **changes):
+    def mutate(doc: dict) -> None:
+        doc["nvml"]["gpus"][index].update(changes)
+    return mutate
+
+
+def _set(path: str, value):
+    def mutate(doc: dict) -> None:
+        *parents, last = path.split(".")
+        target = doc
+        for key in parents:
+            target = target[int(key)] if key.isdigit() else target[key]
+        target[int(last) if last.isdigit() else last] = value
+    return mutate
+
+
+def _version_mismatch(doc: dict) -> None:
+    doc["nvml"].update(available=False, gpus=[], device_count=None, error={
+        "code": 18, "name": "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
+        "message": "RM has detected an NVML/RM version mismatch."})
+    doc["summary"]["nvml_healthy_gpu_count"] = 0
+
+
+def _gpu_lost(doc: dict) -> None:
+    doc["nvml"]["gpus"][1] = {"index": 1, "error": {
+        "code": 15, "name": "NVML_ERROR_GPU_IS_LOST", "message": "GPU is lost"}}
+
+
+def _hot(doc: dict) -> None:
+    gpu = doc["nvml"]["gpus"][0]
+    gpu["temperature"]["current"] = gpu["temperature"]["slowdown"] + 3
+    gpu["clock_event_reasons"] = {"mask": 0x68, "names": [
+        "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown"]}
+
+
+def _xid(number: int):
+    def mutate(doc: dict) -> None:
+        doc["kernel_log"]["xid_events"] = [{"pci": "0000:18:00", "xid": number,
+                                            "message": "...", "usec_since_boot": 1}]
+        doc["kernel_log"]["xid_count"] = 1
+    return mutate
+
+
+def _cuda_toolkit(doc: dict) -> None:
+    doc["packages"]["cuda_toolkit"] = [{"name": "cuda-toolkit-12-4", "version": "12.4.1-1",
+                                        "state": "installed", "held": False}]
+
+
+def _no_nvidia_runtime(doc: dict) -> None:
+    doc["container_runtime"]["containerd"].update(nvidia_runtime=False, runtimes={},
+                                                  default_is_nvidia=False)
+
+
+def _os(os_id: str, version: str):
+    return _set("host.os", {"id": os_id, "version_id": version})
+
+
+CASES = [
+    # (node, mutation, check, status, words in the message)
+    ("gpu-pascal", _version_mismatch, "driver.version-match", FAIL, "version mismatch"),
+    ("gpu-pascal", _version_mismatch, "nvml.init", FAIL, "LIB_RM_VERSION_MISMATCH"),
+    ("gpu-pascal", _set("kernel_module.version", "535.216.03"), "driver.version-match", FAIL,
+     "535.216.03 != library 535.261.03"),
+    ("gpu-pascal", _set("kernel_module.version", None), "driver.version-match", PASS,
+     "NVML initialised"),
+    ("gpu-pascal", _gpu_lost, "nvml.gpu-count", FAIL, "4 GPU(s) on PCI but 3 healthy"),
+    ("gpu-pascal", _gpu_lost, "gpu.ecc", PASS, "3 GPU(s)"),
+    ("gpu-pascal", _set("pci", []), "nvml.gpu-count", FAIL, "in gpu_nodes but no NVIDIA GPU"),
+    ("gpu-pascal", _set("nvml.available", False), "nvml.gpu-count", SKIP, "see nvml.init"),
+    ("gpu-pascal", _gpu(2, persistence_mode=False), "gpu.persistence", FAIL, "GPU 2"),
+    ("gpu-pascal", _set("nvml.gpus.0.ecc.volatile.uncorrected", 1), "gpu.ecc", FAIL,
+     "1 uncorrectable"),
+    ("gpu-pascal", _set("nvml.gpus.0.ecc.aggregate.uncorrected", 3), "gpu.ecc", PASS, ""),
+    ("gpu-pascal", _set("nvml.gpus.1.retired_pages.pending", True), "gpu.memory-remap", FAIL,
+     "page retirement pending"),
+    ("gpu-hopper", _set("nvml.gpus.7.remapped_rows.pending", True), "gpu.memory-remap", FAIL,
+     "row remap pending"),
+    ("gpu-hopper", _set("nvml.gpus.0.remapped_rows.failure", True), "gpu.memory-remap", FAIL,
+     "row remapping failed"),
+    ("gpu-pascal", _xid(79), "gpu.xid", FAIL, "XID 79 on 0000:18:00 (GPU has fallen off"),
+    ("gpu-pascal", _xid(13), "gpu.xid", PASS, "1 XID(s) in all"),
+    ("gpu-pascal", _set("kernel_log.readable", False), "gpu.xid", SKIP, "run verify as root"),
+    ("gpu-pascal", _hot, "gpu.thermal", FAIL, "85 C >= slowdown 82 C"),
+    ("gpu-pascal", _set("nvml.gpus.0.clock_event_reasons", {"mask": 8, "names": ["hw_slowdown"]}),
+     "gpu.thermal", FAIL, "clocks slowed: hw_slowdown"),
+    ("gpu-pascal", _set("nvml.gpus.3.pcie.width_current", 8), "gpu.pcie", WARN, "x8 of x16"),
+    ("gpu-pascal", _set("nvml.gpus.3.pcie.gen_current", 1), "gpu.pcie", PASS, ""),  # idle
+    ("gpu-pascal", _cuda_toolkit, "host.no-cuda-toolkit", FAIL, "cuda-toolkit-12-4"),
+    ("gpu-pascal", _set("packages.manager", None), "host.no-cuda-toolkit", SKIP, ""),
+    ("gpu-pascal", _no_nvidia_runtime, "runtime.nvidia", FAIL, "containerd without an 'nvidia'"),
+    ("gpu-pascal", _set("container_runtime.binaries.nvidia-container-runtime", None),
+     "runtime.nvidia", FAIL, "not installed"),
+    ("gpu-pascal", _set("container_runtime.containerd.present", False), "runtime.nvidia", FAIL,
+     "no container runtime"),
+    ("gpu-kepler", _set("nvml.driver_version", "535.261.03"), "driver.branch", FAIL,
+     "not of branch 470"),
+    ("gpu-pascal", _os("rocky", "7.9"), "driver.branch", FAIL, "not supported"),
+    ("gpu-pascal", _set("probe.errors", {"packages": {"type": "OSError", "message": "boom"}}),
+     "host.probe", FAIL, "packages: boom"),
+]
+
+
+@pytest.mark.parametrize(("name", "mutate", "check_id", "status", "words"), CASES,
+                         ids=[f"{c[2]}-{i}" for i, c in enumerate(CASES)])
+def test_check_on_mutated_report(name, mutate, check_id, status, words):
+    finding = run(check_id, facts(name, mutate))
+    assert (finding.status, finding.check, finding.node) == (status, check_id, name), finding
+    assert words in finding.message
+    assert (finding.remediation is not None) == (status in (FAIL, WARN))
+
+
+def test_pcie_generation_counts_when_the_gpu_is_busy():
+    def busy_and_slow(doc):
+        doc["nvml"]["gpus"][0]["pcie"]["gen_current"] = 1
+        doc["nvml"]["gpus"][0]["clock_event_reasons"] = {"mask": 0, "names": []}
+    assert run("gpu.pcie", facts("gpu-pascal", busy_and_slow)).status == WARN
+
+
+def test_branch_pin_is_honoured_as_the_roles_honour_it():
+    # 470 drives a P100 (390-580) and installs on Debian 12: the pin wins, so the loaded
+    # 535 driver is the wrong one for this node.
+    assert run("driver.branch", facts("gpu-pascal", pin="470")).status == FAIL
+    assert run("driver.branch", facts("gpu-pascal", pin="535")).status == PASS
+    # Kepler cannot use 535: the role falls back to 470, and so does verify.
+    assert run("driver.branch", facts("gpu-kepler", pin="535")).status == PASS
+
+
+def test_branch_versions_must_agree_across_nodes_of_a_branch():
+    hopper = report("gpu-hopper")
+    older = copy.deepcopy(hopper)
+    older["nvml"]["driver_version"] = "535.216.03"
+    fleet = {"gpu-hopper": hopper, "gpu-hopper-2": hopper, "gpu-kepler": report("gpu-kepler")}
+
+    def older_driver(doc):
+        doc["nvml"]["driver_version"] = "535.216.03"
+
+    odd = run("driver.branch", facts("gpu-pascal", older_driver, fleet=fleet))
+    assert odd.status == FAIL
+    assert "gpu-hopper 535.261.03" in odd.message and "gpu-kepler" not in odd.message
+    # The majority's nodes pass: the odd one out is where to act.
+    fleet_with_odd = {**fleet, "gpu-pascal": older}
+    assert run("driver.branch", facts("gpu-hopper", fleet=fleet_with_odd)).status == PASS
+
+
+def test_every_check_documents_itself():
+    for c in CHECKS.values():
+        assert c.description and c.remediation and "\n" not in c.description, c.id
+        assert c.severity in ("error", "warning")
+    assert CHECKS["gpu.pcie"].severity == "warning"

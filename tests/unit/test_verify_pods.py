@@ -1,0 +1,208 @@
+"""The pod phase of gpuprov verify against the emulated API (fake nodes, no containers): smoke
+workloads, what the pod checks make of them, and the namespace that never outlives a run."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from gpuprov.lab.kube import faults
+from gpuprov.lab.kube.testing import default_lab_backend, fake_uuids, running_emulator, wait_for
+from gpuprov.verify import pods
+from gpuprov.verify.checks import pods as pod_checks
+from gpuprov.verify.facts import PodFacts
+from gpuprov.verify.findings import CHECKS
+from gpuprov.verify.inventory import Node
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "kube"
+KINDS = pods.SMOKE_KINDS
+# The fake nodes' commands run on this machine: an `nvidia-smi -L` that lists the GPUs of
+# NVIDIA_VISIBLE_DEVICES, as the toolkit-injected one does in a container given those GPUs.
+FAKE_NVIDIA_SMI = """#!/bin/sh
+case "$NVIDIA_VISIBLE_DEVICES" in ""|void|none) echo "No devices were found"; exit 6;; esac
+i=0
+for uuid in $(echo "$NVIDIA_VISIBLE_DEVICES" | tr ',' ' '); do
+  echo "GPU $i: Fake GPU (UUID: $uuid)"; i=$((i+1))
+done
+"""
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("kube-state")
+
+
+@pytest.fixture(scope="module")
+def api(state_dir, tmp_path_factory):
+    bindir = tmp_path_factory.mktemp("bin")
+    smi = bindir / "nvidia-smi"
+    smi.write_text(FAKE_NVIDIA_SMI)
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{bindir}:{__import__('os').environ['PATH']}")
+        with running_emulator(default_lab_backend(), state_dir) as emu:
+            cfg = client.Configuration()
+            cfg.host = emu.url
+            api_client = client.ApiClient(cfg)
+            manifest = yaml.safe_load((FIXTURES / "nvidia-device-plugin.yml").read_text())
+            client.AppsV1Api(api_client).create_namespaced_daemon_set("kube-system", manifest)
+            # What the nvidia_device_plugin role creates next to the plugin.
+            client.NodeV1Api(api_client).create_runtime_class(
+                {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                 "metadata": {"name": "nvidia"}, "handler": "nvidia"})
+            core = client.CoreV1Api(api_client)
+            wait_for(lambda: all(
+                (n.status.allocatable or {}).get("nvidia.com/gpu") not in (None, "0")
+                for n in core.list_node().items if n.metadata.name != "cpu-only"),
+                "the plugin to register every GPU node")
+            yield api_client
+
+
+def _namespaces(api_client) -> list[str]:
+    return [n.metadata.name for n in client.CoreV1Api(api_client).list_namespace().items
+            if n.metadata.name.startswith(pods.NAMESPACE_PREFIX)]
+
+
+def _facts(node: str, runs: dict, gpus: int) -> PodFacts:
+    report = {"nvml": {"gpus": [{"uuid": u} for u in fake_uuids(node, gpus)]}}
+    return PodFacts(Node(node, None, True), report, runs)
+
+
+def test_smoke_workloads_pass_on_healthy_nodes_and_leave_nothing(api):
+    targets = [pods.Target("gpu-pascal", 4, 0), pods.Target("gpu-kepler", 2, 0)]
+    runs = pods.run(api, targets, KINDS, timeout=30, concurrency=4)
+    assert _namespaces(api) == []
+    pascal = runs["gpu-pascal"]
+    assert sorted(pascal["gpu-count"].pods[0].uuids) == sorted(fake_uuids("gpu-pascal", 4))
+    assert len(pascal["isolation"].pods) == 4
+    assert pascal["batch-job"].completed is True
+    for node, gpus in (("gpu-pascal", 4), ("gpu-kepler", 2)):
+        facts = _facts(node, runs[node], gpus)
+        for kind in KINDS:
+            verdict = CHECKS[f"pods.{kind}"].func(facts)
+            assert verdict.status == "pass", (node, kind, verdict.message)
+
+
+def test_double_allocate_fails_isolation(api, state_dir):
+    faults.set_fault(state_dir, "gpu-pascal", "double-allocate")
+    try:
+        runs = pods.run(api, [pods.Target("gpu-pascal", 4, 0)], ["isolation"], 30, 2)
+    finally:
+        faults.clear_fault(state_dir, "gpu-pascal", "double-allocate")
+    verdict = pod_checks.isolation(_facts("gpu-pascal", runs["gpu-pascal"], 4))
+    assert verdict.status == "problem"
+    assert "GPU shared between concurrent pods" in verdict.message
+    assert _namespaces(api) == []
+
+
+def test_a_pod_that_cannot_be_scheduled_times_out_as_a_failure(api):
+    # Asking for more GPUs than the node has: Pending until the deadline.
+    runs = pods.run(api, [pods.Target("gpu-kepler", 3, 0)], ["gpu-count"], 2, 1)
+    verdict = pod_checks.gpu_count(_facts("gpu-kepler", runs["gpu-kepler"], 2))
+    assert verdict.status == "problem"
+    assert "did not finish in time" in verdict.message
+    assert _namespaces(api) == []
+
+
+def test_interrupt_during_the_pod_phase_removes_the_namespace(api, monkeypatch):
+    created = []
+    original = pods.NodeRunner.gpu_count
+
+    def interrupted(self):
+        original(self)
+        created.append(self.ns)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pods.NodeRunner, "gpu_count", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pods.run(api, [pods.Target("gpu-hopper", 8, 0)], KINDS, 30, 1)
+    assert created and _namespaces(api) == []
+
+
+def test_busy_node_is_not_disturbed():
+    runner = pods.NodeRunner(None, "ns", pods.Target("gpu-pascal", 4, 1), 5, {})
+    run = runner.gpu_count()
+    assert run.skipped and "1 of 4 GPUs are in use" in run.skipped
+    assert pod_checks.gpu_count(_facts("gpu-pascal", {"gpu-count": run}, 4)).status == "skip"
+
+
+# -- the checks on recorded runs --------------------------------------------------------------
+
+UUIDS = fake_uuids("gpu-pascal", 4)
+
+
+def _pod(name, phase, *uuids, message=""):
+    return pods.PodRecord(name, phase, tuple(uuids), message)
+
+
+@pytest.mark.parametrize(("seen", "verdict", "text"), [
+    (UUIDS, "pass", "saw exactly those 4"),
+    (UUIDS[:3], "problem", "asked for 4 GPU(s), the pod saw 3"),
+    (UUIDS[:3] + ["GPU-elsewhere"], "problem", "not this node's: GPU-elsewhere"),
+    (UUIDS[:3] + UUIDS[:1], "problem", "the pod saw 4"),
+])
+def test_gpu_count_verdicts(seen, verdict, text):
+    run = pods.SmokeRun("gpu-count", 4, (_pod("p", "Succeeded", *seen),))
+    result = pod_checks.gpu_count(_facts("gpu-pascal", {"gpu-count": run}, 4))
+    assert result.status == verdict and text in result.message
+
+
+def test_isolation_verdicts():
+    distinct = pods.SmokeRun("isolation", 1, tuple(
+        _pod(f"p{i}", "Running", u) for i, u in enumerate(UUIDS)))
+    assert pod_checks.isolation(_facts("gpu-pascal", {"isolation": distinct}, 4)).status == "pass"
+    two = pods.SmokeRun("isolation", 1, (_pod("a", "Running", *UUIDS[:2]),
+                                         _pod("b", "Running", UUIDS[2])))
+    result = pod_checks.isolation(_facts("gpu-pascal", {"isolation": two}, 4))
+    assert result.status == "problem" and "a saw 2" in result.message
+    stuck = pods.SmokeRun("isolation", 1, (_pod("a", "Running", UUIDS[0]),
+                                           _pod("b", "Timeout", message="Unschedulable")))
+    result = pod_checks.isolation(_facts("gpu-pascal", {"isolation": stuck}, 4))
+    assert result.status == "problem"
+    assert "b did not finish in time: Unschedulable" in result.message
+
+
+def test_batch_job_verdicts():
+    failed = pods.SmokeRun("batch-job", 1, (_pod("j", "Failed", message="exit 1"),),
+                           completed=False)
+    result = pod_checks.batch_job(_facts("gpu-pascal", {"batch-job": failed}, 4))
+    assert result.status == "problem" and result.message.startswith("the Job failed")
+    late = pods.SmokeRun("batch-job", 1, (), completed=None)
+    result = pod_checks.batch_job(_facts("gpu-pascal", {"batch-job": late}, 4))
+    assert result.status == "problem" and "no pod was created" in result.message
+
+
+def test_an_api_refusal_is_an_error_not_a_pass():
+    refused = pods.SmokeRun("gpu-count", 0, error="API 403 Forbidden: quota")
+    result = pod_checks.gpu_count(_facts("gpu-pascal", {"gpu-count": refused}, 4))
+    assert result.status == "error" and "403" in result.message
+
+
+@pytest.mark.parametrize(("image", "version"), [
+    ("nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04", (12, 4)),
+    ("nvidia/cuda:11.8.0-runtime-ubuntu20.04", (11, 8)),
+    ("registry.local:5000/cuda:12.2", (12, 2)),
+    ("registry.local:5000/team/app:latest", None),
+    ("pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime", (12, 1)),
+    ("nvcr.io/nvidia/pytorch:24.01-py3", None),  # NGC's release tags are not CUDA versions
+    ("registry.local:5000/cuda", None),
+])
+def test_image_cuda_version_from_the_tag(image, version):
+    assert pod_checks.image_cuda_version(image) == version
+
+
+def test_cuda_compat_names_both_versions():
+    facts = PodFacts(Node("gpu-kepler", None, True),
+                     {"nvml": {"cuda_driver_version": "11.4"}}, {},
+                     image="nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04")
+    result = pod_checks.cuda_compat(facts)
+    assert result.status == "problem"
+    assert result.message == "driver supports CUDA 11.4 < image CUDA 12.4"
+    facts = PodFacts(Node("gpu-pascal", None, True),
+                     {"nvml": {"cuda_driver_version": "12.2"}}, {},
+                     image="nvcr.io/nvidia/cuda:12.2.0-base-ubuntu22.04")
+    assert pod_checks.cuda_compat(facts).status == "pass"
