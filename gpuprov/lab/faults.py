@@ -84,6 +84,12 @@ FAULTS: dict[str, Fault] = {
             "clock event reasons set",
             per_gpu=True,
         ),
+        Fault(
+            "xid-79",
+            "the kernel log has the driver's XID 79 for one GPU (\"GPU has fallen off the "
+            "bus\"), as on a GPU that needs a reset or a reseat",
+            per_gpu=True, layer="kmsg",
+        ),
     )
 }
 

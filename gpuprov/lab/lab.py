@@ -225,6 +225,8 @@ class Lab:
             hostkey.with_suffix(".pub"): "/etc/ssh/ssh_host_ed25519_key.pub",
             # SIMULATION: the local package repository standing in for NVIDIA's (no network).
             repo: pkgrepo.NODE_PATH,
+            # SIMULATION: the node's kernel log (simhw.KMSG_FILE), the same on every machine.
+            ndir / simhw.KMSG_FILE: "/dev/kmsg",
         }
         if node.has_gpu:
             mounts[ndir / "sim"] = "/etc/gpuprov-sim"

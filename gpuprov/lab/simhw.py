@@ -3,6 +3,7 @@
     node_dir/pci/<address>/{vendor,device,class,...}   mounted over /sys/bus/pci/devices
     node_dir/sim/nvml.conf                              mounted at /etc/gpuprov-sim (GPU nodes)
     node_dir/sim/faults
+    node_dir/kmsg                                       mounted at /dev/kmsg (every node)
     <lib dir>/libnvidia-ml.so.1                         mounted at /opt/gpuprov-sim/lib
 
 The simulated NVML (lab/nvml/simnvml.c) re-reads nvml.conf and faults at every
@@ -41,6 +42,14 @@ PCI_DIR = "pci"
 SIM_DIR = "sim"
 NVML_CONF = "nvml.conf"
 FAULTS_FILE = "faults"
+# The node's kernel log, in /dev/kmsg's record format ("prio,seq,usec,flags;message"). A
+# container has no /dev/kmsg of its own (podman leaves it out, or passes the host's on some
+# machines), so the lab mounts this file there: the probe reads the same kernel log on every
+# machine, and the kernel-log faults (XIDs) write into it.
+KMSG_FILE = "kmsg"
+KMSG_BOOT = "6,0,0,-;Linux version (gpuprov lab: simulated kernel log, see lab/SIMULATION.md)\n"
+# "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus." per kernel-log fault.
+XID_MESSAGES = {"xid-79": (79, "GPU has fallen off the bus.")}
 
 # sysfs spells the link rate per generation like this (Linux 6.x).
 LINK_SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe",
@@ -119,6 +128,7 @@ def write_node_state(node_dir: Path, node_name: str, profile: NodeProfile) -> No
             )
         )
     _write_pci_tree(node_dir / PCI_DIR, functions)
+    _write_in_place(node_dir / KMSG_FILE, KMSG_BOOT)
     sim = node_dir / SIM_DIR
     if not gpus:
         if sim.exists():
@@ -240,6 +250,29 @@ def _read_faults(sim: Path) -> list[tuple[str, int | None]]:
 def _write_faults(sim: Path, entries: list[tuple[str, int | None]]) -> None:
     text = "".join(f"{name}\n" if idx is None else f"{name} {idx}\n" for name, idx in entries)
     _write_atomic(sim / FAULTS_FILE, text)
+    _write_kernel_log(sim.parent, entries)
+
+
+def _write_in_place(path: Path, text: str) -> None:
+    # Not _write_atomic: this file is bind-mounted on its own, and a mount keeps the inode it
+    # was given, so a renamed-over file would never be seen by the running node.
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _write_kernel_log(node_dir: Path, entries: list[tuple[str, int | None]]) -> None:
+    bus_ids = [line.split("=", 1)[1].strip()
+               for line in (node_dir / SIM_DIR / NVML_CONF).read_text().splitlines()
+               if line.startswith("pci_bus_id")]
+    records = [KMSG_BOOT]
+    for seq, (name, idx) in enumerate(((n, i) for n, i in entries if n in XID_MESSAGES), 1):
+        xid, text = XID_MESSAGES[name]
+        # NVML's "00000000:3B:00.0" -> the kernel's "0000:3b:00".
+        domain, bus, dev_fn = bus_ids[idx or 0].lower().split(":")
+        pci = f"{domain[-4:]}:{bus}:{dev_fn.split('.')[0]}"
+        records.append(f"3,{seq},{seq * 1000000},-;NVRM: Xid (PCI:{pci}): {xid}, "
+                       f"pid=1234, name=python3, {text}\n")
+    _write_in_place(node_dir / KMSG_FILE, "".join(records))
 
 
 def _gpu_count(sim: Path) -> int:

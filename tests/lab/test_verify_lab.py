@@ -77,6 +77,7 @@ def test_healthy_lab_passes_every_check_on_every_gpu_node(verify, core):
     ("gpu-hopper", "gpu-lost", "nvml.gpu-count"),
     ("gpu-kepler", "ecc-uncorrectable", "gpu.ecc"),
     ("gpu-pascal", "hot-gpu", "gpu.thermal"),
+    ("gpu-hopper", "xid-79", "gpu.xid"),
     ("gpu-hopper", "plugin-unregistered", "k8s.allocatable"),
 ])
 def test_fault_fails_its_check_on_its_node_only(lab, verify, clean_faults, node, fault, check):

@@ -18,6 +18,8 @@ import pytest
 from gpuprov.errors import GpuprovError
 from gpuprov.hardware import NVML_ARCHITECTURES
 from gpuprov.lab import faults, profiles, simhw
+from gpuprov.probe import host as probe_host
+from gpuprov.probe.fs import Root
 
 SNAPSHOT = Path(__file__).with_name("simnvml_snapshot.py")
 GPU_PROFILES = [name for name in profiles.DEFAULT_LAB if profiles.NODE_PROFILES[name].gpus]
@@ -498,3 +500,36 @@ def test_pci_tree_rewrite_is_idempotent_and_drops_stale_devices(tmp_path):
     assert sorted(_read_tree(node / "pci")) == sorted(f.address for f in simhw.BASE_FUNCTIONS)
     assert (node / "pci").stat().st_ino == pci_inode  # still the directory a node has mounted
     assert not (node / "sim").exists()
+
+
+def _kernel_log(node: Path, tmp_path: Path) -> dict:
+    # The probe reads /dev/kmsg under its root; the lab mounts node/kmsg there.
+    root = tmp_path / "root"
+    (root / "dev").mkdir(parents=True, exist_ok=True)
+    (root / "dev" / "kmsg").unlink(missing_ok=True)
+    (root / "dev" / "kmsg").symlink_to(node / simhw.KMSG_FILE)
+    return probe_host.collect_kernel_log(Root(str(root)))
+
+
+def test_every_kernel_log_fault_has_a_message():
+    assert set(simhw.XID_MESSAGES) == {n for n, f in faults.FAULTS.items() if f.layer == "kmsg"}
+
+
+@pytest.mark.parametrize("profile_name", ["gpu-pascal", "gpu-hopper"])
+def test_xid_fault_is_in_the_kernel_log_for_its_gpu_only(library, tmp_path, profile_name):
+    node = make_node(tmp_path, profile_name)
+    uuids = [g.uuid for g in expected(node, profile_name)]
+    nvml_before = query(library, node, uuids=uuids)
+    booted = _kernel_log(node, tmp_path)
+    assert booted["readable"] and booted["xid_events"] == []
+
+    simhw.set_fault(node, "xid-79", gpu_index=FAULTED_GPU)
+    log = _kernel_log(node, tmp_path)
+    gpu = expected(node, profile_name)[FAULTED_GPU]
+    assert [(e["pci"], e["xid"]) for e in log["xid_events"]] == [
+        (gpu.sysfs_address.rsplit(".", 1)[0], 79)]
+    assert "fallen off the bus" in log["xid_events"][0]["message"]
+    assert query(library, node, uuids=uuids) == nvml_before  # NVML does not see it
+
+    simhw.clear_fault(node, "xid-79")
+    assert _kernel_log(node, tmp_path)["xid_events"] == []
