@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,18 +24,23 @@ from gpuprov.ssh import SshTarget, connect
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
-def lab(tmp_path_factory) -> Lab:
+def temporary_lab(tmp_path_factory, name: str, *up_args: str) -> Iterator[Lab]:
+    """A lab in its own project directory under pytest's temp dir, taken down after
+    (unless GPUPROV_KEEP_LAB=1); `up_args` go to `gpuprov lab up` (e.g. --nodes)."""
     if shutil.which("podman") is None:
         pytest.fail("podman is missing: run `make deps` (the lab tests need it)")
-    project = tmp_path_factory.mktemp("labproject")
-    # Packages the nodes download survive the session's temporary lab (make test reruns).
+    project = tmp_path_factory.mktemp(name)
+    # Packages the nodes download survive the session's temporary labs (make test reruns).
     os.environ.setdefault("GPUPROV_LAB_APT_CACHE", str(REPO / ".cache" / "apt-archives" / "lab"))
-    assert main(["lab", "--dir", str(project), "up"]) == 0
-    the_lab = Lab(project)
-    yield the_lab
+    assert main(["lab", "--dir", str(project), "up", *up_args]) == 0
+    yield Lab(project)
     if os.environ.get("GPUPROV_KEEP_LAB") != "1":
         main(["lab", "--dir", str(project), "down"])
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory) -> Iterator[Lab]:
+    yield from temporary_lab(tmp_path_factory, "labproject")
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +78,34 @@ def clean_faults(lab):
         for fault in node["faults"]:
             lab.fault(node["name"], fault.split(":")[0], clear=True)
 
+
+
+def playbook_failures(doc: dict) -> str:
+    """Every failed task's message (and verify's report, if site.yml ran it), for an
+    assertion's explanation."""
+    lines = []
+    for play in doc["plays"]:
+        for task in play["tasks"]:
+            for host, result in task["hosts"].items():
+                if result.get("failed") or result.get("unreachable"):
+                    lines.append(f"{host}: {task['task']['name']}: {result.get('msg')}")
+                if task["task"]["name"] == "gpu_verify : Show the verify report":
+                    lines += [str(line) for line in result.get("msg") or []]
+    return "\n".join(lines)
+
+
+def installed_packages(conn) -> dict[str, tuple[str, str]]:
+    """Installed packages on a node: name -> (version, selection), read with dpkg-query."""
+    out = conn.run(
+        "dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev} ${db:Status-Want}\\n'",
+        hide=True, in_stream=False,
+    ).stdout
+    packages = {}
+    for line in out.splitlines():
+        package, version, status, want = line.split()
+        if status[1] == "i":  # "ii" installed, "hi" installed and held
+            packages[package] = (version, want)
+    return packages
 
 
 def run_playbook(lab: Lab, playbook: str, *extra: str, timeout: float = 1500) -> tuple[int, dict]:

@@ -10,6 +10,7 @@ by then, this stage is checked on top of them, then run again to prove it change
 from __future__ import annotations
 
 import pytest
+from conftest import playbook_failures
 
 from gpuprov.lab.kube.backend import LabBackend, runtime_from_probe
 
@@ -21,19 +22,11 @@ def toolkit_runs(site_run, playbook):
     return playbook("playbooks/container_toolkit.yml"), playbook("playbooks/container_toolkit.yml")
 
 
-def _failures(doc: dict) -> str:
-    return "\n".join(
-        f"{host}: {task['task']['name']}: {result.get('msg')}"
-        for play in doc["plays"] for task in play["tasks"]
-        for host, result in task["hosts"].items()
-        if result.get("failed") or result.get("unreachable")
-    )
-
 
 def test_stage_runs_and_a_second_run_changes_nothing(toolkit_runs):
     (rc, first), (rc2, second) = toolkit_runs
-    assert rc == 0, _failures(first)
-    assert rc2 == 0, _failures(second)
+    assert rc == 0, playbook_failures(first)
+    assert rc2 == 0, playbook_failures(second)
     assert {h: s["changed"] for h, s in second["stats"].items()} == dict.fromkeys(GPU_NODES, 0)
 
 

@@ -8,6 +8,7 @@ changes nothing, and that `--check --diff` on the converged lab changes nothing 
 from __future__ import annotations
 
 import pytest
+from conftest import installed_packages, playbook_failures
 from kubernetes import client, config
 
 EXPECTED_BRANCH = {"gpu-kepler": 470, "gpu-pascal": 535, "gpu-hopper": 535, "cpu-only": None}
@@ -60,36 +61,11 @@ def _host_results(doc: dict, task_name: str) -> dict[str, dict]:
     raise AssertionError(f"task {task_name!r} did not run")
 
 
-def _failures(doc: dict) -> str:
-    """Every failed task's message, for an assertion's explanation."""
-    lines = []
-    for play in doc["plays"]:
-        for task in play["tasks"]:
-            for host, result in task["hosts"].items():
-                if result.get("failed") or result.get("unreachable"):
-                    lines.append(f"{host}: {task['task']['name']}: {result.get('msg')}")
-                if task["task"]["name"] == "gpu_verify : Show the verify report":
-                    lines += [str(line) for line in result.get("msg") or []]
-    return "\n".join(lines)
-
-
-def _dpkg(node_connection, name: str) -> dict[str, tuple[str, str]]:
-    """Installed packages on a node: name -> (version, selection), read with dpkg-query."""
-    out = node_connection(name).run(
-        "dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev} ${db:Status-Want}\\n'",
-        hide=True, in_stream=False,
-    ).stdout
-    packages = {}
-    for line in out.splitlines():
-        package, version, status, want = line.split()
-        if status[1] == "i":  # "ii" installed, "hi" installed and held
-            packages[package] = (version, want)
-    return packages
 
 
 def test_first_run_succeeds_on_every_node(first_run):
     rc, doc = first_run
-    assert rc == 0, _failures(doc)
+    assert rc == 0, playbook_failures(doc)
     stats = doc["stats"]
     assert set(stats) == set(EXPECTED_BRANCH)
     for host, s in stats.items():
@@ -115,7 +91,7 @@ def test_preflight_reports_each_node_and_its_branch(first_run):
 
 @pytest.mark.parametrize("node", list(EXPECTED_BRANCH))
 def test_driver_packages_match_the_node_branch_and_are_held(first_run, node_connection, node):
-    packages = _dpkg(node_connection, node)
+    packages = installed_packages(node_connection(node))
     branch = EXPECTED_BRANCH[node]
     forbidden = sorted(p for p in packages if p.startswith(FORBIDDEN[0]) or p in FORBIDDEN[1:])
     assert forbidden == []
@@ -162,12 +138,12 @@ def test_gpus_are_allocatable_and_labels_are_as_specified(first_run, lab):
 
 def test_second_run_changes_nothing(first_run, run_site):
     rc, doc = run_site()
-    assert rc == 0, _failures(doc)
+    assert rc == 0, playbook_failures(doc)
     changed = {host: s["changed"] for host, s in doc["stats"].items()}
     assert changed == dict.fromkeys(EXPECTED_BRANCH, 0)
 
 
 def test_check_mode_with_diff_changes_nothing(first_run, run_site):
     rc, doc = run_site("--check", "--diff")
-    assert rc == 0, _failures(doc)
+    assert rc == 0, playbook_failures(doc)
     assert all(s["changed"] == 0 and s["failures"] == 0 for s in doc["stats"].values())

@@ -7,16 +7,20 @@ driver, which the other lab tests expect at the version site.yml installs.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from datetime import datetime
 
 import pytest
-from conftest import REPO, connect, node_target, run_playbook
+from conftest import (
+    connect,
+    installed_packages,
+    node_target,
+    playbook_failures,
+    run_playbook,
+    temporary_lab,
+)
 from kubernetes import client, config
 
-from gpuprov.cli import main
 from gpuprov.lab.lab import Lab
 
 pytestmark = pytest.mark.lab
@@ -34,40 +38,9 @@ WAS_CORDONED = "gpuprov.io/upgrade-was-cordoned"
 
 @pytest.fixture(scope="module")
 def upgrade_lab(tmp_path_factory):
-    if shutil.which("podman") is None:
-        pytest.fail("podman is missing: run `make deps` (the lab tests need it)")
-    project = tmp_path_factory.mktemp("upgradelab")
-    os.environ.setdefault("GPUPROV_LAB_APT_CACHE", str(REPO / ".cache" / "apt-archives" / "lab"))
-    assert main(["lab", "--dir", str(project), "up", "--nodes", ",".join(NODES)]) == 0
-    the_lab = Lab(project)
-    yield the_lab
-    if os.environ.get("GPUPROV_KEEP_LAB") != "1":
-        main(["lab", "--dir", str(project), "down"])
+    yield from temporary_lab(tmp_path_factory, "upgradelab", "--nodes", ",".join(NODES))
 
 
-def _failures(doc: dict) -> str:
-    lines = []
-    for play in doc["plays"]:
-        for task in play["tasks"]:
-            for host, result in task["hosts"].items():
-                if result.get("failed") or result.get("unreachable"):
-                    lines.append(f"{host}: {task['task']['name']}: {result.get('msg')}")
-    return "\n".join(lines)
-
-
-def _dpkg(lab: Lab, name: str) -> dict[str, tuple[str, str]]:
-    """Installed packages on a node: name -> (version, selection), read with dpkg-query."""
-    with connect(node_target(lab, name)) as conn:
-        out = conn.run(
-            "dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev} ${db:Status-Want}\\n'",
-            hide=True, in_stream=False,
-        ).stdout
-    packages = {}
-    for line in out.splitlines():
-        package, version, status, want = line.split()
-        if status[1] == "i":
-            packages[package] = (version, want)
-    return packages
 
 
 def _core(lab: Lab) -> client.CoreV1Api:
@@ -75,7 +48,8 @@ def _core(lab: Lab) -> client.CoreV1Api:
 
 
 def _driver_versions(lab: Lab, node: str) -> dict[str, tuple[str, str]]:
-    packages = _dpkg(lab, node)
+    with connect(node_target(lab, node)) as conn:
+        packages = installed_packages(conn)
     missing = [p for p in DRIVER_PACKAGES if p not in packages]
     assert missing == [], f"{node}: {missing} not installed"
     return {p: packages[p] for p in DRIVER_PACKAGES + ["nvidia-persistenced"]}
@@ -86,7 +60,7 @@ def site_on_backports(upgrade_lab):
     """site.yml with the driver from bookworm-backports: the older 535 to upgrade from."""
     started = time.monotonic()
     rc, doc = run_playbook(upgrade_lab, "site.yml", "-e", "nvidia_driver_debian_backports=true")
-    assert rc == 0, _failures(doc)
+    assert rc == 0, playbook_failures(doc)
     print(f"site.yml (backports) took {time.monotonic() - started:.0f} s")
     for node in GPU_NODES:
         for package, (version, want) in _driver_versions(upgrade_lab, node).items():
@@ -193,7 +167,7 @@ def upgrade_run(upgrade_lab, blocked_run):
 
 def test_upgrade_succeeds(upgrade_run):
     rc, doc = upgrade_run
-    assert rc == 0, _failures(doc)
+    assert rc == 0, playbook_failures(doc)
     stats = doc["stats"]
     assert sorted(stats) == sorted(GPU_NODES)  # the play is over gpu_nodes only
     for node in GPU_NODES:
@@ -236,7 +210,7 @@ def test_the_workload_was_evicted(upgrade_lab, upgrade_run, blocked_run):
 
 def test_second_run_changes_nothing(upgrade_lab, upgrade_run):
     rc, doc = run_playbook(upgrade_lab, *UPGRADE)
-    assert rc == 0, _failures(doc)
+    assert rc == 0, playbook_failures(doc)
     assert {n: s["changed"] for n, s in doc["stats"].items()} == dict.fromkeys(GPU_NODES, 0)
     # Each node stopped at the skip: nothing was cordoned or drained.
     for play in doc["plays"]:
