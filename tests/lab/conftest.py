@@ -12,8 +12,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -108,21 +111,56 @@ def installed_packages(conn) -> dict[str, tuple[str, str]]:
     return packages
 
 
-def run_playbook(lab: Lab, playbook: str, *extra: str, timeout: float = 1500) -> tuple[int, dict]:
-    """ansible-playbook against the lab, its result as the ansible.posix.json document."""
+@dataclass
+class RunningPlaybook:
+    proc: subprocess.Popen
+    stdout: IO[bytes]
+    stderr: IO[bytes]
+
+
+def start_playbook(lab: Lab, playbook: str, *extra: str) -> RunningPlaybook:
+    """ansible-playbook against the lab, started; finish_playbook() collects its result. Its
+    output goes to temporary files, not pipes: nobody reads it while it runs, and a full pipe
+    would stop it at the end, when the JSON callback writes its whole document."""
     env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
                ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
-    proc = subprocess.run(
+    # Closed by finish_playbook, after the process has ended.
+    stdout, stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
+    proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(lab.inventory_path),
          playbook, *extra],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=REPO, env=env, stdout=stdout, stderr=stderr,
     )
+    return RunningPlaybook(proc, stdout, stderr)
+
+
+def finish_playbook(run: RunningPlaybook, timeout: float = 1500) -> tuple[int, dict]:
+    """The started playbook's exit code and its ansible.posix.json document."""
     try:
-        doc = json.loads(proc.stdout)
+        rc = run.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        run.proc.kill()
+        run.proc.wait()
+        raise
+    stdout, stderr = (_read(f) for f in (run.stdout, run.stderr))
+    try:
+        doc = json.loads(stdout)
     except json.JSONDecodeError:
-        raise AssertionError(f"ansible-playbook printed no JSON (rc {proc.returncode}):\n"
-                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}") from None
-    return proc.returncode, doc
+        raise AssertionError(f"ansible-playbook printed no JSON (rc {rc}):\n"
+                             f"{stdout[-3000:]}\n{stderr[-3000:]}") from None
+    return rc, doc
+
+
+def _read(file: IO[bytes]) -> str:
+    file.seek(0)
+    text = file.read().decode(errors="replace")
+    file.close()
+    return text
+
+
+def run_playbook(lab: Lab, playbook: str, *extra: str, timeout: float = 1500) -> tuple[int, dict]:
+    """ansible-playbook against the lab, its result as the ansible.posix.json document."""
+    return finish_playbook(start_playbook(lab, playbook, *extra), timeout)
 
 
 @pytest.fixture(scope="session")
