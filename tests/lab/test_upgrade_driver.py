@@ -8,7 +8,8 @@ story, each fixture building on the one before:
   1. site.yml (driver from backports) while gpu-pascal-2's container is killed in the middle
      of its driver install: the other nodes finish; after the node is back a rerun converges,
      changing only that node
-  2. the upgrade, while a PodDisruptionBudget forbids draining gpu-pascal: stops at once
+  2. the upgrade with a target of another branch: fails before any node is cordoned; then
+     while a PodDisruptionBudget forbids draining gpu-pascal: stops at once
   3. the upgrade with a fault that makes verify fail on gpu-hopper (the second node):
      gpu-pascal is upgraded, gpu-hopper stays cordoned with the reason, gpu-pascal-2 is
      untouched
@@ -173,6 +174,25 @@ def test_the_rerun_converges_changing_only_the_lost_node(upgrade_lab, site_on_ba
     assert audit == "", audit
 
 
+@pytest.fixture(scope="module")
+def bad_target_run(upgrade_lab, site_on_backports):
+    """The upgrade with a target of another branch (470 for 535 nodes): a typo."""
+    return run_playbook(upgrade_lab, "playbooks/upgrade-driver.yml",
+                        "-e", "nvidia_driver_version=470.256.02-1")
+
+
+def test_a_bad_target_fails_before_any_node_is_cordoned(upgrade_lab, bad_target_run):
+    rc, doc = bad_target_run
+    assert rc == 2, playbook_failures(doc)
+    assert doc["stats"]["gpu-pascal"]["failures"] == 1
+    assert "not a version of driver branch 535" in playbook_failures(doc)
+    assert [n for n in GPU_NODES[1:] if n in doc["stats"]] == []  # the rollout stopped
+    for name, node in _nodes(upgrade_lab).items():
+        assert not node.spec.unschedulable, name
+        annotations = node.metadata.annotations or {}
+        assert FAILED not in annotations and WAS_CORDONED not in annotations, (name, annotations)
+
+
 UPGRADE = ("playbooks/upgrade-driver.yml", "-e", f"nvidia_driver_version={NEW}-1",
            "-e", "nvidia_driver_debian_backports=false")
 
@@ -211,7 +231,7 @@ def _start_blocked_workload(lab: Lab) -> str:
 
 
 @pytest.fixture(scope="module")
-def blocked_run(upgrade_lab, site_on_backports):
+def blocked_run(upgrade_lab, bad_target_run):
     """The upgrade while a PodDisruptionBudget refuses to let gpu-pascal (the first node) be
     drained: the rollout must stop at that node. The budget is removed afterwards."""
     uid = _start_blocked_workload(upgrade_lab)
