@@ -5,8 +5,8 @@ happens when nodes fail during site.yml and during the rollout.
 Its own lab (three GPU nodes and a CPU node), not the session's: the upgrade changes the
 driver, which the other lab tests expect at the version site.yml installs. The module is one
 story, each fixture building on the one before:
-  1. site.yml (driver from backports) while gpu-pascal-2's container is killed in the middle
-     of its driver install: the other nodes finish; after the node is back a rerun converges,
+  1. site.yml (driver from backports) while gpu-pascal-2 loses power in the middle of its
+     driver install: the other nodes finish; after the node is back a rerun converges,
      changing only that node
   2. the upgrade with a target of another branch: fails before any node is cordoned; then
      while a PodDisruptionBudget forbids draining gpu-pascal: stops at once
@@ -20,6 +20,8 @@ story, each fixture building on the one before:
 from __future__ import annotations
 
 import io
+import os
+import signal
 import time
 from datetime import datetime
 from pathlib import Path
@@ -83,17 +85,18 @@ def _container(lab: Lab, node: str) -> str:
     return lab.require().node(node).container
 
 
-def _dpkg_running(container_id: str) -> bool:
-    """apt is running dpkg in the container (apt always passes --status-fd, after the
-    Dpkg::Options, e.g. Ansible's --force-confdef --force-confold). Read from the
-    host's /proc, where the container's processes are, each in a cgroup named after the
-    container: unlike a `podman exec` per look, a look costs milliseconds and never waits."""
+def _dpkg_unpacking(container_id: str) -> bool:
+    """dpkg is unpacking a package in the container: its `dpkg-deb --fsys-tarfile` child
+    runs only then, after dpkg has marked the package half-installed, so a cut from here on
+    leaves dpkg interrupted. Read from the host's /proc, where the container's processes
+    are, each in a cgroup named after the container: a look costs milliseconds (a
+    `podman exec` per look would cost a second under load and miss short unpacks)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            if (argv[0].endswith(b"dpkg") and b"--status-fd" in argv
+            if (argv[0].endswith(b"dpkg-deb") and b"--fsys-tarfile" in argv
                     and container_id in (proc / "cgroup").read_text()):
                 return True
         except OSError:  # the process ended meanwhile
@@ -106,23 +109,26 @@ SITE_ON_BACKPORTS = ("site.yml", "-e", "nvidia_driver_debian_backports=true")
 
 @pytest.fixture(scope="module")
 def interrupted_site(upgrade_lab):
-    """site.yml with the driver from backports; gpu-pascal-2's container is killed (stop with
-    no grace time: a power cut) as soon as apt runs dpkg on it. Then the node is started again
+    """site.yml with the driver from backports; gpu-pascal-2 loses power as soon as dpkg
+    unpacks a package on it: the host SIGKILLs the container's init, and the kernel kills
+    every process of the node with it, at once. Then the node is started again
     (`gpuprov lab up` starts stopped nodes). Returns site.yml's (rc, doc) and what
     `dpkg --audit` said on the node after it came back."""
     container = _container(upgrade_lab, LOST)
-    container_id = podman.output("container", "inspect", "--format", "{{.Id}}", container)
+    container_id, init_pid = podman.output(
+        "container", "inspect", "--format", "{{.Id}} {{.State.Pid}}", container).split()
     run = start_playbook(upgrade_lab, *SITE_ON_BACKPORTS)
     killed = False
     deadline = time.monotonic() + 900
     while run.proc.poll() is None and time.monotonic() < deadline:
-        if _dpkg_running(container_id):
-            podman.podman("stop", "--time", "0", container)
+        if _dpkg_unpacking(container_id):
+            os.kill(int(init_pid), signal.SIGKILL)
+            podman.podman("wait", container)
             killed = True
             break
-        time.sleep(0.05)
+        time.sleep(0.02)
     rc, doc = finish_playbook(run)
-    assert killed, f"apt never ran dpkg on {LOST} during site.yml (rc {rc})"
+    assert killed, f"dpkg never unpacked a package on {LOST} during site.yml (rc {rc})"
     assert main(["lab", "--dir", str(upgrade_lab.project_dir), "up"]) == 0
     audit = podman.output("exec", _container(upgrade_lab, LOST), "dpkg", "--audit")
     print(f"{LOST} after the power cut, dpkg --audit: {audit or '(nothing)'}")
