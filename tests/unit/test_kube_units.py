@@ -7,7 +7,7 @@ import yaml
 from kubernetes import client
 from kubernetes import config as kconfig
 
-from gpuprov.lab.kube import app, patch, selectors
+from gpuprov.lab.kube import app, backend, patch, selectors
 from gpuprov.lab.kube.backend import RuntimeConfig, runtime_from_probe
 from gpuprov.lab.kube.errors import ApiError
 from gpuprov.probe import runtime as probe_runtime
@@ -106,6 +106,18 @@ def test_containerd_nvidia_only_through_a_runtime_class():
                     "nvidia-cdi": "/usr/bin/nvidia-container-runtime.cdi", "default": "runc"}))
     assert config.nvidia_handlers == {"nvidia", "nvidia-cdi"}
     assert config.handler_is_nvidia("nvidia") and not config.handler_is_nvidia(None)
+
+
+def test_lab_backend_keeps_the_last_runtime_when_the_probe_gives_nothing(tmp_path,
+                                                                         monkeypatch):
+    (tmp_path / "lab.json").write_text('{"nodes": [{"name": "n1", "container": "c1"}]}')
+    lab = backend.LabBackend(tmp_path)
+    reports = [probe_report(containerd={"nvidia": NVIDIA_BIN, "default": "nvidia"}), {}]
+    monkeypatch.setattr(lab, "probe", lambda node: reports.pop(0))
+    monkeypatch.setattr(backend, "RUNTIME_CACHE_SECONDS", 0)
+    assert lab.runtime("n1").handler_is_nvidia(None)
+    assert lab.runtime("n1").handler_is_nvidia(None)  # the failed look changed nothing
+    assert reports == []
 
 
 def test_nvidia_runtime_without_its_binary_does_not_count():

@@ -264,7 +264,13 @@ class LabBackend:
         cached = self._runtime_cache.get(node)
         if cached and time.monotonic() - cached[0] < RUNTIME_CACHE_SECONDS:
             return cached[1]
-        config = runtime_from_probe(self.probe(node))
+        report = self.probe(node)
+        if not report and cached:
+            # No report (podman busy while another node stops, the node restarting) says
+            # nothing about the node's config: keep the last one, and look again next time.
+            # Read as "no NVIDIA runtime", it would take the node's GPUs away for a moment.
+            return cached[1]
+        config = runtime_from_probe(report)
         self._runtime_cache[node] = (time.monotonic(), config)
         return config
 
