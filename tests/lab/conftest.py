@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+from kubernetes import config
+from kubernetes.client import ApiClient
 
 from gpuprov.cli import main
 from gpuprov.lab.lab import Lab
@@ -51,6 +53,11 @@ def lab_state(lab):
     return lab.require()
 
 
+def kube_api(lab: Lab) -> ApiClient:
+    """A client of the lab's emulated Kubernetes API, through the lab's kubeconfig."""
+    return config.new_client_from_config(str(lab.kubeconfig_path))
+
+
 def node_target(lab: Lab, name: str) -> SshTarget:
     node = lab.require().node(name)
     return SshTarget(
@@ -73,14 +80,17 @@ def node_connection(lab):
         conn.close()
 
 
-@pytest.fixture
-def clean_faults(lab):
-    """Clear every fault after the test, whatever it switched on."""
-    yield
+def clear_faults(lab: Lab) -> None:
     for node in lab.status()["nodes"]:
         for fault in node["faults"]:
             lab.fault(node["name"], fault.split(":")[0], clear=True)
 
+
+@pytest.fixture
+def clean_faults(lab):
+    """Clear every fault after the test, whatever it switched on."""
+    yield
+    clear_faults(lab)
 
 
 def playbook_failures(doc: dict) -> str:

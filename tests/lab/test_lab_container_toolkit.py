@@ -22,7 +22,6 @@ def toolkit_runs(site_run, playbook):
     return playbook("playbooks/container_toolkit.yml"), playbook("playbooks/container_toolkit.yml")
 
 
-
 def test_stage_runs_and_a_second_run_changes_nothing(toolkit_runs):
     (rc, first), (rc2, second) = toolkit_runs
     assert rc == 0, playbook_failures(first)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from kubernetes import client, config
+from conftest import kube_api
+from kubernetes import client
 
 from gpuprov.cli import main
 
@@ -14,7 +15,7 @@ WAIT_S = 60
 
 @pytest.fixture(scope="module")
 def core(lab):
-    api_client = config.new_client_from_config(config_file=str(lab.kubeconfig_path))
+    api_client = kube_api(lab)
     yield client.CoreV1Api(api_client)
     api_client.close()
 

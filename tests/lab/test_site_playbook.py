@@ -8,8 +8,8 @@ changes nothing, and that `--check --diff` on the converged lab changes nothing 
 from __future__ import annotations
 
 import pytest
-from conftest import installed_packages, playbook_failures
-from kubernetes import client, config
+from conftest import installed_packages, kube_api, playbook_failures
+from kubernetes import client
 
 EXPECTED_BRANCH = {"gpu-kepler": 470, "gpu-pascal": 535, "gpu-hopper": 535, "cpu-only": None}
 GPU_NODES = [name for name, branch in EXPECTED_BRANCH.items() if branch]
@@ -59,8 +59,6 @@ def _host_results(doc: dict, task_name: str) -> dict[str, dict]:
             if task["task"]["name"] == task_name:
                 return task["hosts"]
     raise AssertionError(f"task {task_name!r} did not run")
-
-
 
 
 def test_first_run_succeeds_on_every_node(first_run):
@@ -125,7 +123,7 @@ def test_containerd_has_the_nvidia_runtime_and_keeps_the_planted_settings(
 
 
 def test_gpus_are_allocatable_and_labels_are_as_specified(first_run, lab):
-    core = client.CoreV1Api(config.new_client_from_config(str(lab.kubeconfig_path)))
+    core = client.CoreV1Api(kube_api(lab))
     nodes = {n.metadata.name: n for n in core.list_node().items}
     for name, count in GPU_COUNT.items():
         assert (nodes[name].status.allocatable or {}).get("nvidia.com/gpu") == str(count)

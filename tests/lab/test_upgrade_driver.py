@@ -31,13 +31,14 @@ from conftest import (
     connect,
     finish_playbook,
     installed_packages,
+    kube_api,
     node_target,
     playbook_failures,
     run_playbook,
     start_playbook,
     temporary_lab,
 )
-from kubernetes import client, config
+from kubernetes import client
 
 from gpuprov.cli import main
 from gpuprov.lab import podman
@@ -66,11 +67,16 @@ def upgrade_lab(tmp_path_factory):
 
 
 def _core(lab: Lab) -> client.CoreV1Api:
-    return client.CoreV1Api(config.new_client_from_config(str(lab.kubeconfig_path)))
+    return client.CoreV1Api(kube_api(lab))
 
 
 def _nodes(lab: Lab) -> dict:
     return {n.metadata.name: n for n in _core(lab).list_node().items}
+
+
+def _upgrade_annotations(node) -> set[str]:
+    """The upgrade annotations the Node carries (none before and after an upgrade)."""
+    return {FAILED, WAS_CORDONED} & (node.metadata.annotations or {}).keys()
 
 
 def _driver_versions(lab: Lab, node: str) -> dict[str, tuple[str, str]]:
@@ -130,7 +136,7 @@ def interrupted_site(upgrade_lab):
     rc, doc = finish_playbook(run)
     assert killed, f"dpkg never unpacked a package on {LOST} during site.yml (rc {rc})"
     assert main(["lab", "--dir", str(upgrade_lab.project_dir), "up"]) == 0
-    audit = podman.output("exec", _container(upgrade_lab, LOST), "dpkg", "--audit")
+    audit = podman.output("exec", container, "dpkg", "--audit")
     print(f"{LOST} after the power cut, dpkg --audit: {audit or '(nothing)'}")
     return rc, doc, audit
 
@@ -195,8 +201,7 @@ def test_a_bad_target_fails_before_any_node_is_cordoned(upgrade_lab, bad_target_
     assert [n for n in GPU_NODES[1:] if n in doc["stats"]] == []  # the rollout stopped
     for name, node in _nodes(upgrade_lab).items():
         assert not node.spec.unschedulable, name
-        annotations = node.metadata.annotations or {}
-        assert FAILED not in annotations and WAS_CORDONED not in annotations, (name, annotations)
+        assert _upgrade_annotations(node) == set(), name
 
 
 UPGRADE = ("playbooks/upgrade-driver.yml", "-e", f"nvidia_driver_version={NEW}-1",
@@ -208,7 +213,7 @@ WORKLOAD_NS = "upgrade-workload"
 
 def _start_blocked_workload(lab: Lab) -> str:
     """A 1-GPU Job pod on gpu-pascal whose PodDisruptionBudget forbids evicting it; its uid."""
-    api = config.new_client_from_config(str(lab.kubeconfig_path))
+    api = kube_api(lab)
     core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
     core.create_namespace({"metadata": {"name": WORKLOAD_NS}})
     gpu = {"nvidia.com/gpu": "1"}
@@ -242,8 +247,8 @@ def blocked_run(upgrade_lab, bad_target_run):
     drained: the rollout must stop at that node. The budget is removed afterwards."""
     uid = _start_blocked_workload(upgrade_lab)
     rc, doc = run_playbook(upgrade_lab, *UPGRADE, "-e", "upgrade_drain_timeout=20")
-    client.PolicyV1Api(config.new_client_from_config(str(upgrade_lab.kubeconfig_path))) \
-        .delete_namespaced_pod_disruption_budget("trainer", WORKLOAD_NS)
+    client.PolicyV1Api(kube_api(upgrade_lab)).delete_namespaced_pod_disruption_budget(
+        "trainer", WORKLOAD_NS)
     return rc, doc, uid
 
 
@@ -260,7 +265,7 @@ def test_a_node_that_cannot_be_drained_stops_the_rollout(upgrade_lab, blocked_ru
     assert reason.startswith("Cordon and drain the node: "), reason
     for node in GPU_NODES[1:]:
         assert not nodes[node].spec.unschedulable, node
-        assert FAILED not in (nodes[node].metadata.annotations or {}), node
+        assert _upgrade_annotations(nodes[node]) == set(), node
     for node in GPU_NODES:  # no driver was touched
         versions = _driver_versions(upgrade_lab, node)
         assert versions["nvidia-kernel-dkms"][0].startswith(OLD + "-"), (node, versions)
@@ -304,8 +309,8 @@ def _install_dcgm_stand_in(lab: Lab, node: str) -> None:
 @pytest.fixture(scope="module")
 def faulted_run(upgrade_lab, blocked_run):
     """The upgrade once the budget is gone (the workload on gpu-pascal can be evicted), with
-    VERIFY_FAULT on the second node. gpu-pascal-2
-    was cordoned by an admin beforehand (it must stay cordoned through all of it)."""
+    VERIFY_FAULT on the second node and DCGM's stand-in on the first. gpu-pascal-2 was
+    cordoned by an admin beforehand (it must stay cordoned through all of it)."""
     _core(upgrade_lab).patch_node("gpu-pascal-2", {"spec": {"unschedulable": True}})
     _install_dcgm_stand_in(upgrade_lab, "gpu-pascal")
     node, fault = VERIFY_FAULT
@@ -337,8 +342,7 @@ def test_a_node_failing_verify_stops_the_rollout_cordoned_with_the_reason(
     assert not nodes["gpu-pascal"].spec.unschedulable
     assert _driver_versions(upgrade_lab, "gpu-pascal")["nvidia-kernel-dkms"][0] == f"{NEW}-1"
     assert nodes["gpu-pascal-2"].spec.unschedulable is True  # the admin's cordon
-    annotations = nodes["gpu-pascal-2"].metadata.annotations or {}
-    assert FAILED not in annotations and WAS_CORDONED not in annotations, annotations
+    assert _upgrade_annotations(nodes["gpu-pascal-2"]) == set()
     versions = _driver_versions(upgrade_lab, "gpu-pascal-2")
     assert versions["nvidia-kernel-dkms"][0].startswith(OLD + "-"), versions
 
@@ -428,8 +432,7 @@ def test_uncordoned_unless_cordoned_before_and_labelled_for_the_new_driver(
     # gpu-pascal-2 was cordoned by the admin before the upgrade: it stays cordoned.
     assert nodes["gpu-pascal-2"].spec.unschedulable is True, "gpu-pascal-2 was uncordoned"
     for node in GPU_NODES:
-        annotations = nodes[node].metadata.annotations or {}
-        assert FAILED not in annotations and WAS_CORDONED not in annotations, annotations
+        assert _upgrade_annotations(nodes[node]) == set(), node
         assert nodes[node].metadata.labels["nvidia.com/cuda.driver-version.full"] == NEW
         assert nodes[node].status.allocatable.get("nvidia.com/gpu") == GPUS[node]
 
