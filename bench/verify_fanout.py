@@ -9,6 +9,10 @@ each reached on its node's published SSH port):
               the floor for running this probe everywhere
     ansible   `ansible -m script` with the probe, default forks (5), as an Ansible-only
               verification would run it
+Each figure comes with the CPU time the whole machine spent meanwhile (/proc/stat; the lab's
+nodes are containers on this machine, so their sshd and probe count too): where that is
+wall time x cores, the run was CPU-bound, and the ratio says which way costs less CPU
+rather than which waits less.
 Then the cluster phase against the emulated API with 4 and with 1004 nodes: the number of
 API requests it makes (goal: the same for both) and its time.
 
@@ -34,12 +38,28 @@ import yaml
 
 from gpuprov import payload
 from gpuprov.lab.kube.testing import default_lab_backend, running_emulator
+from gpuprov.verify import checks as _registered  # noqa: F401 (fills CHECKS)
 from gpuprov.verify import cluster
 from gpuprov.verify.findings import CHECKS
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 NODE_FAMILIES = sorted({c.split(".")[0] for c, spec in CHECKS.items() if spec.phase == "node"})
+assert NODE_FAMILIES, "no node-phase checks registered"
+
+
+def busy_cpu_seconds() -> float:
+    """CPU time this machine has spent busy since boot, all cores (proc(5): /proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(func, *args) -> tuple[float, float]:
+    """(wall seconds, busy CPU seconds) of func(*args), which returns its own wall time."""
+    before = busy_cpu_seconds()
+    wall = func(*args)
+    return wall, busy_cpu_seconds() - before
 
 
 def lab_hosts(inventory: Path) -> tuple[dict, dict[str, dict]]:
@@ -158,16 +178,20 @@ def main() -> None:
                 inv = write_inventory(Path(tmp) / f"hosts-{count}.yml", common,
                                       hosts if count == len(hosts) else mapped(hosts, count))
                 chosen = hosts if count == len(hosts) else mapped(hosts, count)
-                runs: dict[str, list[float]] = {"verify": [], "ssh": [], "ansible": []}
+                runs: dict[str, list[tuple[float, float]]] = {"verify": [], "ssh": [],
+                                                              "ansible": []}
                 for _ in range(args.rounds):
-                    runs["verify"].append(time_verify(inv))
-                    runs["ssh"].append(time_ssh(common, chosen, script))
-                    runs["ansible"].append(time_ansible(inv, script_file))
-                results[count] = {k: statistics.median(v) for k, v in runs.items()}
+                    runs["verify"].append(measured(time_verify, inv))
+                    runs["ssh"].append(measured(time_ssh, common, chosen, script))
+                    runs["ansible"].append(measured(time_ansible, inv, script_file))
+                results[count] = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
+                cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
                 r = results[count]
-                print(f"{count:3d} hosts: verify {r['verify']:.2f} s, plain ssh {r['ssh']:.2f} s, "
-                      f"ansible -m script (5 forks) {r['ansible']:.2f} s  "
-                      f"(median of {args.rounds})")
+                print(f"{count:3d} hosts: verify {r['verify']:.2f} s ({cpu['verify']:.1f} CPU-s), "
+                      f"plain ssh {r['ssh']:.2f} s ({cpu['ssh']:.1f} CPU-s), "
+                      f"ansible -m script (5 forks) {r['ansible']:.2f} s "
+                      f"({cpu['ansible']:.1f} CPU-s)  (median of {args.rounds}, {os.cpu_count()} "
+                      "cores)")
         for total, requests, seconds in cluster_requests(args.api_nodes):
             print(f"cluster phase, {total:4d} API nodes: {requests} requests, {seconds:.3f} s")
         r = results[64]

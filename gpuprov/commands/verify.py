@@ -44,9 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "~/.kube/config")
     parser.add_argument("--context", metavar="NAME", help="kubeconfig context")
     selection = parser.add_mutually_exclusive_group()
-    selection.add_argument("--checks", metavar="IDS", type=_ids, default=(),
+    # default None, not (): an empty --checks "$VAR" must not mean "every check".
+    selection.add_argument("--checks", metavar="IDS", type=_ids, default=None,
                            help="comma-separated check ids or families (gpu, k8s) to run")
-    selection.add_argument("--skip", metavar="IDS", type=_ids, default=(),
+    selection.add_argument("--skip", metavar="IDS", type=_ids, default=None,
                            help="comma-separated check ids or families to leave out")
     parser.add_argument("--no-pods", action="store_true",
                         help="leave out the pod phase (smoke pods)")
@@ -79,8 +80,12 @@ def run(args: argparse.Namespace) -> int:
 
     if getattr(args, "debug", False):
         logging.getLogger().setLevel(logging.DEBUG)
+    for flag, ids in (("--checks", args.checks), ("--skip", args.skip)):
+        if ids == ():
+            raise GpuprovError(f"{flag} is empty; give check ids or families, "
+                               "comma-separated (e.g. nvml,gpu.ecc)")
     nodes = inventory.load(resolve_inventory(args.inventory), args.limit)
-    options = runner.Options(only=args.checks, skip=args.skip, timeout=args.timeout,
+    options = runner.Options(only=args.checks or (), skip=args.skip or (), timeout=args.timeout,
                              concurrency=args.concurrency, kubeconfig=args.kubeconfig,
                              context=args.context, pods=not args.no_pods, image=args.image)
     # SIGTERM (a CI job cancelled) unwinds like Ctrl-C: the smoke namespace is removed.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +17,8 @@ def _section(func: Callable[[], Any], errors: dict, name: str, default: Any) -> 
     try:
         return func()
     except Exception as exc:
+        import traceback  # only on this path: it imports a dozen modules
+
         errors[name] = {
             "type": type(exc).__name__,
             "message": str(exc),

@@ -68,6 +68,10 @@ def collect(
     """Every node's ProbeResult, in the order of `nodes`; never raises for a node."""
     # Looked up at call time so that tests can monkeypatch the module attribute.
     probe = probe or probe_node
+    if probe is probe_node and not all(node.local for node in nodes):
+        # Build the script here, once: probe_script()'s lru_cache does not lock, and every
+        # thread starting at once would each build it (0.1 CPU-s apiece).
+        payload.probe_script()
     results: dict[str, ProbeResult] = {}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(concurrency,
                                                                         len(nodes) or 1)))

@@ -7,10 +7,14 @@ fabric/paramiko path is the production one.
 
 from __future__ import annotations
 
+import base64
+import importlib.util
+import marshal
 import shutil
 import socket
 import subprocess
 import threading
+import zlib
 from pathlib import Path
 
 import fabric
@@ -107,6 +111,52 @@ def test_script_is_built_once_and_reproducible():
     first = payload.probe_script()
     payload.probe_script.cache_clear()
     assert payload.probe_script() == first
+
+
+def _repack(script: bytes, edit) -> bytes:
+    """The script with its packed payload changed by edit(payload_dict)."""
+    head, rest = script.split(b"\n", 1)
+    packed = marshal.loads(zlib.decompress(base64.b64decode(head[len(b'PAYLOAD = b"'):-1])))
+    edit(packed)
+    encoded = base64.b64encode(zlib.compress(marshal.dumps(packed, 4)))
+    return b'PAYLOAD = b"' + encoded + b'"\n' + rest
+
+
+def _break_main_source(packed: dict) -> None:
+    packed["sources"]["gpuprov/probe/__main__.py"] = b"raise SystemExit('ran the source')\n"
+
+
+def _system_python_magic() -> bytes:
+    return subprocess.run([SYSTEM_PYTHON, "-I", "-c", "import importlib.util, sys; "
+                           "sys.stdout.buffer.write(importlib.util.MAGIC_NUMBER)"],
+                          capture_output=True, check=True).stdout
+
+
+def test_a_node_with_the_same_python_runs_the_shipped_bytecode():
+    if _system_python_magic() != importlib.util.MAGIC_NUMBER:
+        pytest.skip("the system python3 is another minor version than the test's Python")
+    # Only the source is broken; the bytecode compiled here from the real one runs.
+    proc = run_payload(["--root", str(ROOTS / "gpu-node")],
+                       script=_repack(payload.probe_script(), _break_main_source))
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert payload.parse_report(proc.stdout.decode())["summary"]["pci_gpu_count"] == 2
+
+
+def test_a_node_with_another_python_compiles_the_sources():
+    def other_python(packed: dict) -> None:
+        packed["magic"] = b"\x00\x00\r\n"
+
+    proc = run_payload(["--root", str(ROOTS / "gpu-node")],
+                       script=_repack(payload.probe_script(), other_python))
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert payload.parse_report(proc.stdout.decode())["summary"]["pci_gpu_count"] == 2
+
+    def other_python_broken_source(packed: dict) -> None:
+        other_python(packed)
+        _break_main_source(packed)
+
+    proc = run_payload(script=_repack(payload.probe_script(), other_python_broken_source))
+    assert proc.returncode == 1 and b"ran the source" in proc.stderr
 
 
 def test_too_old_python_gets_one_clear_line(monkeypatch):

@@ -143,6 +143,8 @@ def test_timeout_and_concurrency_reach_the_seam(verify, capsys, monkeypatch):
 @pytest.mark.parametrize(("argv", "words"), [
     (("--checks", "gpu.nope"), "unknown check 'gpu.nope'"),
     (("--skip", "bogus"), "unknown check 'bogus'"),
+    (("--checks", ""), "--checks is empty"),
+    (("--skip", " , "), "--skip is empty"),
     (("--limit", "nomatch"), "--limit 'nomatch' matches none"),
     (("--kubeconfig", "/nonexistent/kubeconfig"), "kubeconfig /nonexistent/kubeconfig does"),
 ])
