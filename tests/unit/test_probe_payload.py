@@ -13,6 +13,7 @@ import marshal
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import zlib
 from pathlib import Path
@@ -113,12 +114,22 @@ def test_script_is_built_once_and_reproducible():
     assert payload.probe_script() == first
 
 
+def test_script_does_not_depend_on_which_strings_the_process_interned():
+    # A fresh interpreter, so that the first build sees one-character strings (the probe's
+    # "[" and "]", ...) not yet interned; the second build comes after they all are.
+    code = ("import string, sys; from gpuprov import payload; first = payload.probe_script(); "
+            "[sys.intern(c) for c in string.printable]; payload.probe_script.cache_clear(); "
+            "sys.exit(0 if payload.probe_script() == first else 1)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr or "the second build differs from the first"
+
+
 def _repack(script: bytes, edit) -> bytes:
     """The script with its packed payload changed by edit(payload_dict)."""
     head, rest = script.split(b"\n", 1)
     packed = marshal.loads(zlib.decompress(base64.b64decode(head[len(b'PAYLOAD = b"'):-1])))
     edit(packed)
-    encoded = base64.b64encode(zlib.compress(marshal.dumps(packed, 4)))
+    encoded = base64.b64encode(zlib.compress(marshal.dumps(packed, payload.MARSHAL_VERSION)))
     return b'PAYLOAD = b"' + encoded + b'"\n' + rest
 
 
