@@ -35,7 +35,12 @@ NAMESPACE_PREFIX = "gpuprov-verify-"
 MANAGED_LABEL = {"app.kubernetes.io/managed-by": "gpuprov"}
 SMOKE_KINDS = ("gpu-count", "isolation", "batch-job")
 MAX_ISOLATION_PODS = 8
-POLL_S = 0.5
+# Waits watch for changes (no polling); a watch lasts at most WATCH_S so that Ctrl-C is
+# noticed between two. Output in a running pod's log is no API change: while pods run and
+# their log is awaited, and after a failed watch, the log or list is read every POLL_S.
+WATCH_S = 2
+POLL_S = 0.2
+NAMESPACE_GONE_S = 60
 REQUEST_TIMEOUT = (5.0, 30.0)
 # `nvidia-smi -L`: "GPU 0: Tesla P100-PCIE-16GB (UUID: GPU-5d0c...)".
 _GPU_LINE = re.compile(r"^GPU \d+: .*\(UUID: (?P<uuid>[^)\s]+)\)", re.MULTILINE)
@@ -93,10 +98,47 @@ class _Api:
             raise Interrupted
 
     def pods(self, namespace: str, selector: str) -> list[dict]:
-        response = self.core.list_namespaced_pod(
-            namespace, label_selector=selector, _preload_content=False,
-            _request_timeout=REQUEST_TIMEOUT)
-        return json.loads(response.data).get("items") or []
+        return self.listed(self.core.list_namespaced_pod, namespace,
+                           label_selector=selector)["items"]
+
+    def listed(self, list_call: Callable[..., Any], *args: Any, **kwargs: Any) -> dict:
+        """A list call's document: {"items": [...], "metadata": {"resourceVersion": ...}}."""
+        response = list_call(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT,
+                             **kwargs)
+        doc = json.loads(response.data)
+        doc["items"] = doc.get("items") or []
+        return doc
+
+    def wait_until(self, done: Callable[[list[dict]], bool], timeout: float,
+                   list_call: Callable[..., Any], *args: Any, **kwargs: Any) -> list[dict]:
+        """The objects of a list call once done(objects) holds, or as they are at the timeout.
+
+        Between two looks it watches from the list's resourceVersion, so it wakes at the
+        first change instead of polling the API server (what `kubectl wait` does)."""
+        from kubernetes import watch
+
+        deadline = time.monotonic() + timeout
+        while True:
+            doc = self.listed(list_call, *args, **kwargs)
+            left = deadline - time.monotonic()
+            if done(doc["items"]) or left <= 0:
+                return doc["items"]
+            if self.stop.is_set():
+                raise Interrupted
+            stream = watch.Watch()
+            try:
+                # A short server-side timeout keeps Ctrl-C prompt: the worker looks at the
+                # stop flag between watches.
+                for _event in stream.stream(
+                        list_call, *args, resource_version=doc["metadata"]["resourceVersion"],
+                        timeout_seconds=max(1, min(int(left), WATCH_S)),
+                        _request_timeout=REQUEST_TIMEOUT, **kwargs):
+                    break
+            except Exception as exc:  # 410 Gone, a dropped stream: list again after a pause
+                log.debug("watch ended: %s", exc)
+                self.sleep(POLL_S)
+            finally:
+                stream.stop()
 
     def log(self, namespace: str, pod: str) -> str:
         from kubernetes.client.exceptions import ApiException
@@ -107,11 +149,6 @@ class _Api:
                 _request_timeout=REQUEST_TIMEOUT).data.decode(errors="replace")
         except ApiException:
             return ""
-
-    def job(self, namespace: str, name: str) -> dict:
-        response = self.batch.read_namespaced_job(
-            name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
-        return json.loads(response.data)
 
 
 def _pod_state(pod: Mapping[str, Any]) -> tuple[str, str]:
@@ -150,15 +187,9 @@ class NodeRunner:
         return obj
 
     def _wait(self, kind: str, count: int, done: Callable[[list[dict]], bool]) -> list[dict]:
-        deadline = time.monotonic() + self.timeout
-        pods: list[dict] = []
-        while True:
-            pods = self.api.pods(self.ns, self._selector(kind))
-            if len(pods) >= count and done(pods):
-                return pods
-            if time.monotonic() > deadline:
-                return pods
-            self.api.sleep(POLL_S)
+        return self.api.wait_until(lambda pods: len(pods) >= count and done(pods), self.timeout,
+                                   self.api.core.list_namespaced_pod, self.ns,
+                                   label_selector=self._selector(kind))
 
     def _records(self, pods: list[dict], timed_out: bool) -> tuple[PodRecord, ...]:
         records = []
@@ -198,14 +229,21 @@ class NodeRunner:
             return SmokeRun("isolation", 1, skipped=f"only {free} free GPU(s): need 2")
         for i in range(count):
             self._create_pod(f"{self.prefix}-iso-{i}", "isolation", 1, HOLD_COMMAND)
+        deadline = time.monotonic() + self.timeout
 
-        def all_running_and_printed(pods: list[dict]) -> bool:
-            if not all(_pod_state(p)[0] == "Running" for p in pods):
-                return False
+        def all_running(pods: list[dict]) -> bool:
+            return all(_pod_state(p)[0] == "Running" for p in pods)
+
+        def all_printed(pods: list[dict]) -> bool:
             return all(gpu_uuids(self.api.log(self.ns, p["metadata"]["name"])) for p in pods)
 
-        pods = self._wait("isolation", count, all_running_and_printed)
-        timed_out = not (len(pods) >= count and all_running_and_printed(pods))
+        pods = self._wait("isolation", count, all_running)
+        # Running together; what each printed is in its log, which no watch reports.
+        while len(pods) >= count and all_running(pods) and not all_printed(pods) \
+                and time.monotonic() < deadline:
+            self.api.sleep(POLL_S)
+            pods = self.api.pods(self.ns, self._selector("isolation"))
+        timed_out = not (len(pods) >= count and all_running(pods) and all_printed(pods))
         records = self._records(pods, timed_out)
         # They held their GPUs only to be seen together: release them for the next workload.
         self.api.core.delete_collection_namespaced_pod(
@@ -223,18 +261,20 @@ class NodeRunner:
                                   deadline_seconds=max(int(self.timeout), 1))
         self.api.batch.create_namespaced_job(self.ns, self._labelled(job, "batch-job"),
                                              _request_timeout=REQUEST_TIMEOUT)
-        deadline = time.monotonic() + self.timeout
-        completed = None
-        while time.monotonic() <= deadline:
-            conditions = (self.api.job(self.ns, name).get("status") or {}).get("conditions")
-            states = {c.get("type"): c.get("status") for c in conditions or []}
+
+        def finished(jobs: list[dict]) -> bool | None:
+            conditions = ((jobs[0].get("status") or {}).get("conditions") or []) if jobs else []
+            states = {c.get("type"): c.get("status") for c in conditions}
             if states.get("Complete") == "True":
-                completed = True
-                break
+                return True
             if states.get("Failed") == "True":
-                completed = False
-                break
-            self.api.sleep(POLL_S)
+                return False
+            return None
+
+        jobs = self.api.wait_until(lambda js: finished(js) is not None, self.timeout,
+                                   self.api.batch.list_namespaced_job, self.ns,
+                                   field_selector=f"metadata.name={name}")
+        completed = finished(jobs)
         pods = self.api.pods(self.ns, f"job-name={name}")
         return SmokeRun("batch-job", 1, self._records(pods, completed is None),
                         completed=completed)
@@ -289,11 +329,13 @@ def smoke_namespace(api_client: Any) -> Iterator[str]:
         try:
             core.delete_namespace(name, propagation_policy="Foreground",
                                   grace_period_seconds=0, _request_timeout=REQUEST_TIMEOUT)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                core.read_namespace(name, _request_timeout=REQUEST_TIMEOUT)
-                time.sleep(POLL_S)
-            log.warning("namespace %s is still terminating; it goes away by itself", name)
+            # Its own stop flag: the workers' one is set by now, and Ctrl-C here comes as
+            # KeyboardInterrupt in this thread anyway.
+            left = _Api(api_client, threading.Event()).wait_until(
+                lambda namespaces: not namespaces, NAMESPACE_GONE_S, core.list_namespace,
+                field_selector=f"metadata.name={name}")
+            if left:
+                log.warning("namespace %s is still terminating; it goes away by itself", name)
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("could not delete namespace %s: %s", name, _api_error(exc))

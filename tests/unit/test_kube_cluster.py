@@ -368,3 +368,18 @@ def test_fault_files_are_what_the_lab_cli_toggles(tmp_path):
     with pytest.raises(ValueError):
         faults.set_fault(tmp_path, "n1", "no-such-fault")
     assert json.dumps(sorted(faults.FAULTS))  # the list `lab fault` can offer
+
+
+def test_a_pod_whose_process_exits_is_reported_without_waiting_for_a_tick():
+    """The kubelet learns of an exit from the process itself: with a periodic pass only
+    every hour, the pod is still reported finished (nothing else changes the store)."""
+    backend = FakeBackend({"cpu-only": FakeNode([], PLAIN_CONTAINERD)})
+    with running_emulator(backend, tick=3600) as emu:
+        cfg = client.Configuration()
+        cfg.host = emu.url
+        core = client.CoreV1Api(client.ApiClient(cfg))
+        core.create_namespaced_pod("default", gpu_pod("quick", "cpu-only", 0,
+                                                      "sleep 0.3; echo done"))
+        pod = finished(core, "default", "quick")
+        assert pod.status.phase == "Succeeded"
+        assert core.read_namespaced_pod_log("quick", "default").strip() == "done"

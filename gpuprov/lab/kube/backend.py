@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -63,18 +64,25 @@ class NodeBackend(Protocol):
     def gpus(self, node: str) -> list[Gpu] | None:
         """GPUs NVML enumerates on the node (None: NVML does not initialise)."""
     def runtime(self, node: str) -> RuntimeConfig: ...
-    def start(self, node: str, key: str, argv: list[str], env: dict[str, str]) -> Process: ...
+    def start(self, node: str, key: str, argv: list[str], env: dict[str, str],
+              on_exit: Callable[[], None] | None = None) -> Process:
+        """Run argv in the node; on_exit is called once the process has exited."""
 
 
 class LocalProcess:
-    """A child process whose merged stdout/stderr is collected by a reader thread."""
+    """A child process whose merged stdout/stderr is collected by a reader thread.
 
-    def __init__(self, argv: list[str], env: dict[str, str], on_kill=None) -> None:
+    on_exit runs in that thread once the process has exited, so its owner (the emulated
+    kubelet) can react at once instead of at its next periodic pass."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], on_kill=None,
+                 on_exit: Callable[[], None] | None = None) -> None:
         self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self._buf = bytearray()
         self._lock = threading.Lock()
         self._on_kill = on_kill
+        self._on_exit = on_exit
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -85,6 +93,9 @@ class LocalProcess:
                 self._buf += chunk
                 if len(self._buf) > LOG_LIMIT:
                     del self._buf[: len(self._buf) - LOG_LIMIT]
+        if self._on_exit is not None:
+            self._proc.wait()  # end of output comes just before the exit status
+            self._on_exit()
 
     def output(self) -> str:
         with self._lock:
@@ -164,10 +175,11 @@ class FakeBackend:
     def runtime(self, node: str) -> RuntimeConfig:
         return self.node_map[node].runtime
 
-    def start(self, node: str, key: str, argv: list[str], env: dict[str, str]) -> Process:
+    def start(self, node: str, key: str, argv: list[str], env: dict[str, str],
+              on_exit: Callable[[], None] | None = None) -> Process:
         self.started.append((node, argv, env))
         base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        return LocalProcess(argv, {**base, **env})
+        return LocalProcess(argv, {**base, **env}, on_exit=on_exit)
 
 
 # -- the lab backend (podman containers) ----------------------------------------------------
@@ -274,7 +286,8 @@ class LabBackend:
         self._runtime_cache[node] = (time.monotonic(), config)
         return config
 
-    def start(self, node: str, key: str, argv: list[str], env: dict[str, str]) -> Process:
+    def start(self, node: str, key: str, argv: list[str], env: dict[str, str],
+              on_exit: Callable[[], None] | None = None) -> Process:
         from gpuprov.lab import podman
 
         container = self.containers[node]
@@ -295,7 +308,7 @@ class LabBackend:
                          f'[ -f {pidfile} ] && kill -TERM "$(cat {pidfile})"; rm -f {pidfile}',
                          timeout=15)
 
-        return LocalProcess(args, podman.environment(), on_kill=stop_in_node)
+        return LocalProcess(args, podman.environment(), on_kill=stop_in_node, on_exit=on_exit)
 
 
 def host_kernel() -> str:

@@ -275,7 +275,8 @@ class Kubelet:
             if c.done:
                 continue
             if c.process is None and clock >= c.next_start:
-                c.process = self.backend.start(self.name, f"{run.uid}-{c.name}", c.argv, c.env)
+                c.process = self.backend.start(self.name, f"{run.uid}-{c.name}", c.argv, c.env,
+                                               on_exit=self.cluster.wake)
                 c.started_at, c.exit_code = now(), None
             if c.process is None:
                 continue
@@ -385,6 +386,7 @@ class Cluster:
         # Logs of pods that finished (their runs are gone): (uid, container) -> text.
         self._final_logs: dict[tuple[str, str], str] = {}
         self.passes = 0
+        self._woken = False  # set by wake(): a pass is due although no object changed
 
     # -- lifecycle -------------------------------------------------------------------------------
     def bootstrap(self) -> None:
@@ -457,11 +459,22 @@ class Cluster:
             for run in list(kubelet.runs.values()):
                 kubelet._stop(run)
 
+    def wake(self) -> None:
+        """Ask for a pass now: something the store does not hold changed (a pod's process
+        exited). Without it the pass would come only after the next tick."""
+        store = self.registry.store
+        with store.lock:
+            self._woken = True
+            store.changed.notify_all()
+
     def _loop(self) -> None:
         store = self.registry.store
         seen = -1
         while not self._stop.is_set():
-            store.wait(seen, self.tick)
+            with store.lock:
+                store.changed.wait_for(lambda last=seen: store.resource_version > last
+                                       or store.closed or self._woken, self.tick)
+                self._woken = False
             if self._stop.is_set():
                 return
             seen = store.resource_version
