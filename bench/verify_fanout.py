@@ -9,6 +9,8 @@ each reached on its node's published SSH port):
               the floor for running this probe everywhere
     ansible   `ansible -m script` with the probe, default forks (5), as an Ansible-only
               verification would run it
+    connect   plain OpenSSH running only `true` on every host in parallel: the connection cost
+              that every SSH-based method pays, probe or not
 Each figure comes with the CPU time the whole machine spent meanwhile (/proc/stat; the lab's
 nodes are containers on this machine, so their sshd and probe count too): where that is
 wall time x cores, the run was CPU-bound, and the ratio says which way costs less CPU
@@ -95,18 +97,21 @@ def time_verify(inventory: Path) -> float:
     return elapsed
 
 
-def time_ssh(common: dict, hosts: dict[str, dict], script: bytes) -> float:
+def time_ssh(common: dict, hosts: dict[str, dict], script: bytes | None) -> float:
+    """Plain OpenSSH to every host in parallel: the probe on stdin, or with script None only
+    `true` (the connection alone: what any SSH-based check pays per host)."""
     args = ["ssh", "-i", common["ansible_ssh_private_key_file"], "-o", "BatchMode=yes",
             *common["ansible_ssh_common_args"].split()]
+    remote = ["python3", "-I", "-"] if script is not None else ["true"]
     start = time.monotonic()
-    procs = [subprocess.Popen([*args, "-p", str(h["ansible_port"]), "root@127.0.0.1",
-                               "python3", "-I", "-"], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    procs = [subprocess.Popen([*args, "-p", str(h["ansible_port"]), "root@127.0.0.1", *remote],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
              for h in hosts.values()]
     for proc in procs:
-        out, err = proc.communicate(script)
-        if proc.returncode != 0 or not out.startswith(b"{"):
-            raise SystemExit(f"ssh probe failed: {err.decode()[-500:]}")
+        out, err = proc.communicate(script or b"")
+        if proc.returncode != 0 or (script is not None and not out.startswith(b"{")):
+            raise SystemExit(f"ssh failed: {err.decode()[-500:]}")
     return time.monotonic() - start
 
 
@@ -178,23 +183,29 @@ def main() -> None:
                 inv = write_inventory(Path(tmp) / f"hosts-{count}.yml", common,
                                       hosts if count == len(hosts) else mapped(hosts, count))
                 chosen = hosts if count == len(hosts) else mapped(hosts, count)
-                runs: dict[str, list[tuple[float, float]]] = {"verify": [], "ssh": [],
-                                                              "ansible": []}
+                runs: dict[str, list[tuple[float, float]]] = {
+                    "verify": [], "ssh": [], "ansible": [], "connect": []}
                 for _ in range(args.rounds):
                     runs["verify"].append(measured(time_verify, inv))
                     runs["ssh"].append(measured(time_ssh, common, chosen, script))
                     runs["ansible"].append(measured(time_ansible, inv, script_file))
+                    runs["connect"].append(measured(time_ssh, common, chosen, None))
                 results[count] = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
                 cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
                 r = results[count]
                 print(f"{count:3d} hosts: verify {r['verify']:.2f} s ({cpu['verify']:.1f} CPU-s), "
                       f"plain ssh {r['ssh']:.2f} s ({cpu['ssh']:.1f} CPU-s), "
                       f"ansible -m script (5 forks) {r['ansible']:.2f} s "
-                      f"({cpu['ansible']:.1f} CPU-s)  (median of {args.rounds}, {os.cpu_count()} "
-                      "cores)")
+                      f"({cpu['ansible']:.1f} CPU-s), ssh `true` only {r['connect']:.2f} s "
+                      f"({cpu['connect']:.1f} CPU-s)  (median of {args.rounds}, "
+                      f"{os.cpu_count()} cores)")
         for total, requests, seconds in cluster_requests(args.api_nodes):
             print(f"cluster phase, {total:4d} API nodes: {requests} requests, {seconds:.3f} s")
         r = results[64]
+        # Every way pays at least the connections; on a CPU-bound machine no method can be
+        # faster than Ansible by more than ansible/connect.
+        print(f"ceiling of any SSH-based method on this machine: ansible/connect="
+              f"{r['ansible'] / r['connect']:.2f}")
         print(f"verify/ssh={r['verify'] / r['ssh']:.2f} "
               f"verify/ansible={r['verify'] / r['ansible']:.2f}")
     finally:
