@@ -196,13 +196,74 @@ oom_score = -999
 """
 
 
+# What a run could change on a node, read over SSH: every package with its selection, and
+# the files under the directories the roles write to, with their checksums.
+_NODE_STATE = (
+    "dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev} ${db:Status-Want}\\n'; "
+    "find /etc/apt /etc/containerd /etc/modprobe.d /etc/cdi /etc/nvidia-container-runtime "
+    "/usr/share/keyrings -type f -exec sha256sum {} + 2>/dev/null | sort -k 2; true")
+
+
+def node_state(lab: Lab) -> dict[str, str]:
+    """node -> _NODE_STATE's output there."""
+    state = {}
+    for node in lab.require().nodes:
+        with connect(node_target(lab, node.name)) as conn:
+            state[node.name] = conn.run(_NODE_STATE, hide=True, in_stream=False).stdout
+    return state
+
+
 @pytest.fixture(scope="session")
-def site_run(lab) -> tuple[int, dict]:
-    """The first `ansible-playbook site.yml` on the bare lab, run once per session: the tests
-    of site.yml read its result, and the tests of verify need the converged lab."""
+def bare_lab(lab) -> Lab:
+    """The session lab before site.yml, with an admin's containerd settings planted on the
+    GPU nodes (the toolkit role must keep them)."""
     for node in lab.require().nodes:
         if node.has_gpu:
             with connect(node_target(lab, node.name)) as conn:
                 conn.put(io.StringIO(PLANTED_CONTAINERD), "/etc/containerd/config.toml")
                 conn.run("systemctl restart containerd", hide=True, in_stream=False)
-    return run_playbook(lab, "site.yml")
+    return lab
+
+
+@dataclass
+class CheckRun:
+    rc: int
+    doc: dict
+    nodes_before: dict[str, str]
+    nodes_after: dict[str, str]
+    api_before: list[str]
+    api_after: list[str]
+
+
+@pytest.fixture(scope="session")
+def bare_check_run(bare_lab) -> CheckRun:
+    """`site.yml --check --diff` on the bare lab, as an admin tries it first, with what the
+    nodes and the API held before and after it."""
+    nodes, api = node_state(bare_lab), api_objects(bare_lab)
+    rc, doc = run_playbook(bare_lab, "site.yml", "--check", "--diff")
+    return CheckRun(rc, doc, nodes, node_state(bare_lab), api, api_objects(bare_lab))
+
+
+def api_objects(lab: Lab) -> list[str]:
+    """The lab API's DaemonSets, RuntimeClasses and ConfigMaps, and its nodes' labels."""
+    from kubernetes import client
+
+    api = kube_api(lab)
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    names = [f"daemonset {d.metadata.namespace}/{d.metadata.name}"
+             for d in apps.list_daemon_set_for_all_namespaces().items]
+    names += [f"runtimeclass {r.metadata.name}"
+              for r in client.NodeV1Api(api).list_runtime_class().items]
+    names += [f"configmap {c.metadata.namespace}/{c.metadata.name}"
+              for c in core.list_config_map_for_all_namespaces().items]
+    names += [f"node {n.metadata.name} {sorted((n.metadata.labels or {}).items())}"
+              for n in core.list_node().items]
+    return sorted(names)
+
+
+@pytest.fixture(scope="session")
+def site_run(bare_lab, bare_check_run) -> tuple[int, dict]:
+    """The first `ansible-playbook site.yml` on the bare lab (after the check-mode run), run
+    once per session: the tests of site.yml read its result, and the tests of verify need
+    the converged lab."""
+    return run_playbook(bare_lab, "site.yml")

@@ -141,6 +141,19 @@ def test_second_run_changes_nothing(first_run, run_site):
     assert changed == dict.fromkeys(EXPECTED_BRANCH, 0)
 
 
+def test_check_mode_on_the_bare_lab_succeeds_and_changes_nothing(bare_check_run):
+    run = bare_check_run
+    assert run.rc == 0, playbook_failures(run.doc)
+    # It predicts the changes a real run makes on the GPU nodes (and none on cpu-only) ...
+    stats = run.doc["stats"]
+    assert all(stats[host]["changed"] > 0 for host in GPU_NODES), stats
+    assert stats["cpu-only"]["changed"] == 0
+    # ... and makes none: packages, the roles' files and the API are as they were.
+    for node, before in run.nodes_before.items():
+        assert run.nodes_after[node] == before, f"{node} changed in check mode"
+    assert run.api_after == run.api_before
+
+
 def test_check_mode_with_diff_changes_nothing(first_run, run_site):
     rc, doc = run_site("--check", "--diff")
     assert rc == 0, playbook_failures(doc)
