@@ -28,6 +28,16 @@ class ClusterView:
     pods_by_node: Mapping[str, tuple[Mapping[str, Any], ...]]  # non-terminated pods
 
 
+def ready_condition(node: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The Node's Ready condition (None: no such node, or no such condition yet)."""
+    conditions = ((node or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == "Ready"), None)
+
+
+def is_ready(node: Mapping[str, Any] | None) -> bool:
+    return (ready_condition(node) or {}).get("status") == "True"
+
+
 def find_kubeconfig(explicit: str | None, inventory_value: str | None) -> str | None:
     """--kubeconfig, else the inventory's k8s_kubeconfig, else $KUBECONFIG, else
     ~/.kube/config; None when there is none (the cluster checks are then skipped)."""

@@ -148,6 +148,9 @@ def pod_findings(results: Sequence[nodes.ProbeResult], view: cluster.ClusterView
             why_not[name] = why_none
         elif result.report is None:
             why_not[name] = f"no probe report ({PROBE_CHECK})"
+        elif not cluster.is_ready(view.nodes.get(result.node.node_name)):
+            # Its pods would wait out --timeout, three times over, to say what it says.
+            why_not[name] = "the node is not Ready (see k8s.node-ready)"
         elif _allocatable(view.nodes.get(result.node.node_name)) < 1:
             why_not[name] = "the node advertises no nvidia.com/gpu (see k8s.allocatable)"
         else:

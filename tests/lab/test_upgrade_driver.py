@@ -410,6 +410,23 @@ def test_rerun_completes_the_rollout(upgrade_run):
         {"gpu-pascal": False, "gpu-hopper": True, "gpu-pascal-2": True}
 
 
+VERIFY_TASK = "Verify the node, smoke pods included, while it is still cordoned"
+
+
+def test_each_upgraded_node_ran_the_smoke_pods_while_cordoned(upgrade_run):
+    _, doc = upgrade_run
+    verified = {}
+    for play in doc["plays"]:
+        for task in play["tasks"]:
+            if task["task"]["name"] == VERIFY_TASK:
+                verified.update({h: r.get("stdout", "") for h, r in task["hosts"].items()})
+    assert sorted(verified) == ["gpu-hopper", "gpu-pascal-2"]  # gpu-pascal was skipped
+    for node, report in verified.items():
+        for check in ("pods.gpu-count", "pods.isolation", "pods.batch-job"):
+            assert any(line.split()[:2] == ["PASS", check] for line in report.splitlines()), \
+                f"{node}: {check} did not pass:\n{report}"
+
+
 @pytest.mark.parametrize("node", GPU_NODES)
 def test_nodes_run_the_new_driver_still_held(upgrade_lab, upgrade_run, node):
     for package, (version, want) in _driver_versions(upgrade_lab, node).items():

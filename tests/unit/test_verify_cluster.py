@@ -103,6 +103,23 @@ def test_node_not_ready_and_unknown_node(state_dir, emulator, kubeconfig):
     assert ghost.status == FAIL and "no Kubernetes node named gpu-ghost" in ghost.message
 
 
+def test_a_node_that_is_not_ready_gets_no_smoke_pods(state_dir, emulator, kubeconfig):
+    faults.set_fault(state_dir, "gpu-kepler", "node-notready")
+    try:
+        wait_for(lambda: not _ready(emulator.core, "gpu-kepler"), "gpu-kepler to be NotReady")
+        findings = runner.run(lab_nodes(("gpu-kepler",)), runner.Options(
+            only=("k8s.node-ready", "pods"), kubeconfig=kubeconfig, timeout=5), probe=probe)
+    finally:
+        faults.clear_fault(state_dir, "gpu-kepler", "node-notready")
+    found = {f.check: f for f in findings}
+    assert found["k8s.node-ready"].status == FAIL
+    for kind in ("gpu-count", "isolation", "batch-job"):
+        finding = found[f"pods.{kind}"]
+        assert finding.status == SKIP, finding
+        assert "the node is not Ready (see k8s.node-ready)" in finding.message
+    wait_for(lambda: _ready(emulator.core, "gpu-kepler"), "gpu-kepler to be Ready again")
+
+
 def _ready(core, name: str) -> bool:
     node = core.read_node(name)
     return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])

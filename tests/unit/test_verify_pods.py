@@ -87,6 +87,22 @@ def test_smoke_workloads_pass_on_healthy_nodes_and_leave_nothing(api):
             assert verdict.status == "pass", (node, kind, verdict.message)
 
 
+def test_a_cordoned_node_is_verified_too(api):
+    # Cordoned for maintenance or a driver upgrade: the pinned smoke pods still run there.
+    core = client.CoreV1Api(api)
+    core.patch_node("gpu-kepler", {"spec": {"unschedulable": True}})
+    try:
+        runs = pods.run(api, [pods.Target("gpu-kepler", 2, 0)], KINDS, timeout=15,
+                        concurrency=1)
+    finally:
+        core.patch_node("gpu-kepler", {"spec": {"unschedulable": None}})
+    facts = _facts("gpu-kepler", runs["gpu-kepler"], 2)
+    for kind in KINDS:
+        verdict = CHECKS[f"pods.{kind}"].func(facts)
+        assert verdict.status == "pass", (kind, verdict.message)
+    assert _namespaces(api) == []
+
+
 def test_double_allocate_fails_isolation(api, state_dir):
     faults.set_fault(state_dir, "gpu-pascal", "double-allocate")
     try:

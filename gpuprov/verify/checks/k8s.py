@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuprov import labels as label_module
+from gpuprov.verify import cluster
 from gpuprov.verify.facts import ClusterFacts
 from gpuprov.verify.findings import Verdict, check, passed, problem, skipped
 
@@ -40,10 +41,9 @@ def _not_found(facts: ClusterFacts) -> Verdict:
 def node_ready(facts: ClusterFacts) -> Verdict:
     if facts.k8s_node is None:
         return _not_found(facts)
-    conditions = (facts.k8s_node.get("status") or {}).get("conditions") or []
-    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    ready = cluster.ready_condition(facts.k8s_node)
     unschedulable = bool((facts.k8s_node.get("spec") or {}).get("unschedulable"))
-    if ready is None or ready.get("status") != "True":
+    if not cluster.is_ready(facts.k8s_node):
         why = (ready or {}).get("message") or (ready or {}).get("reason") or "no Ready condition"
         return problem(f"node not Ready: {why}", condition=dict(ready or {}))
     return passed("Ready" + (" (cordoned)" if unschedulable else ""),
