@@ -107,12 +107,13 @@ def playbook_failures(doc: dict) -> str:
     return "\n".join(lines)
 
 
+# Every package dpkg knows: name, version, status (e.g. "ii "), selection (install, hold).
+DPKG_PACKAGES = "dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev} ${db:Status-Want}\\n'"
+
+
 def installed_packages(conn) -> dict[str, tuple[str, str]]:
     """Installed packages on a node: name -> (version, selection), read with dpkg-query."""
-    out = conn.run(
-        "dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev} ${db:Status-Want}\\n'",
-        hide=True, in_stream=False,
-    ).stdout
+    out = conn.run(DPKG_PACKAGES, hide=True, in_stream=False).stdout
     packages = {}
     for line in out.splitlines():
         package, version, status, want = line.split()
@@ -199,9 +200,9 @@ oom_score = -999
 # What a run could change on a node, read over SSH: every package with its selection, and
 # the files under the directories the roles write to, with their checksums.
 _NODE_STATE = (
-    "dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev} ${db:Status-Want}\\n'; "
-    "find /etc/apt /etc/containerd /etc/modprobe.d /etc/cdi /etc/nvidia-container-runtime "
-    "/usr/share/keyrings -type f -exec sha256sum {} + 2>/dev/null | sort -k 2; true")
+    f"{DPKG_PACKAGES}; find /etc/apt /etc/containerd /etc/modprobe.d /etc/cdi "
+    "/etc/nvidia-container-runtime /usr/share/keyrings "
+    "-type f -exec sha256sum {} + 2>/dev/null | sort -k 2; true")
 
 
 def node_state(lab: Lab) -> dict[str, str]:
