@@ -141,22 +141,22 @@ def pod_findings(results: Sequence[nodes.ProbeResult], view: cluster.ClusterView
     targets: list[pods.Target] = []
     why_not: dict[str, str] = {}
     for result in results:
-        name = result.node.name
+        name, k8s = result.node.name, result.node.node_name
+        k8s_node = view.nodes.get(k8s) if view is not None else None
         if not options.pods:
             why_not[name] = "--no-pods"
         elif view is None:
             why_not[name] = why_none
         elif result.report is None:
             why_not[name] = f"no probe report ({PROBE_CHECK})"
-        elif not cluster.is_ready(view.nodes.get(result.node.node_name)):
+        elif not cluster.is_ready(k8s_node):
             # Its pods would wait out --timeout, three times over, to say what it says.
             why_not[name] = "the node is not Ready (see k8s.node-ready)"
-        elif _allocatable(view.nodes.get(result.node.node_name)) < 1:
+        elif _allocatable(k8s_node) < 1:
             why_not[name] = "the node advertises no nvidia.com/gpu (see k8s.allocatable)"
         else:
-            k8s = result.node.node_name
             held = sum(_requested(p) for p in view.pods_by_node.get(k8s, ()))
-            targets.append(pods.Target(k8s, _allocatable(view.nodes.get(k8s)), held))
+            targets.append(pods.Target(k8s, _allocatable(k8s_node), held))
     runs = pods.run(api, targets, kinds, options.timeout, options.concurrency,
                     options.image) if targets and kinds else {}
     findings = []

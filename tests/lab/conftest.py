@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from kubernetes import config
+from kubernetes import client, config
 from kubernetes.client import ApiClient
 
 from gpuprov.cli import main
@@ -247,8 +247,6 @@ def bare_check_run(bare_lab) -> CheckRun:
 
 def api_objects(lab: Lab) -> list[str]:
     """The lab API's DaemonSets, RuntimeClasses and ConfigMaps, and its nodes' labels."""
-    from kubernetes import client
-
     api = kube_api(lab)
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     names = [f"daemonset {d.metadata.namespace}/{d.metadata.name}"
