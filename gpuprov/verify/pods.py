@@ -191,12 +191,15 @@ class NodeRunner:
                                    self.api.core.list_namespaced_pod, self.ns,
                                    label_selector=self._selector(kind))
 
-    def _records(self, pods: list[dict], timed_out: bool) -> tuple[PodRecord, ...]:
+    def _records(self, pods: list[dict], timed_out: bool,
+                 logs: Mapping[str, str] | None = None) -> tuple[PodRecord, ...]:
+        """What each pod did; `logs`: what pods printed already (read again only if absent)."""
         records = []
         for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
             phase, why = _pod_state(pod)
             name = pod["metadata"]["name"]
-            text = self.api.log(self.ns, name) if phase != "Pending" else ""
+            text = (logs or {}).get(name) or (
+                self.api.log(self.ns, name) if phase != "Pending" else "")
             if timed_out and phase in ("Pending", "Running") and not gpu_uuids(text):
                 phase = "Timeout"
             records.append(PodRecord(name, phase, tuple(gpu_uuids(text)), why))
@@ -234,8 +237,18 @@ class NodeRunner:
         def all_running(pods: list[dict]) -> bool:
             return all(_pod_state(p)[0] == "Running" for p in pods)
 
+        # A pod's log is read until it shows its GPU: one request per pod still silent.
+        printed: dict[str, str] = {}
+
         def all_printed(pods: list[dict]) -> bool:
-            return all(gpu_uuids(self.api.log(self.ns, p["metadata"]["name"])) for p in pods)
+            for pod in pods:
+                name = pod["metadata"]["name"]
+                if name not in printed:
+                    text = self.api.log(self.ns, name)
+                    if not gpu_uuids(text):
+                        return False
+                    printed[name] = text
+            return True
 
         pods = self._wait("isolation", count, all_running)
         # Running together; what each printed is in its log, which no watch reports.
@@ -244,7 +257,7 @@ class NodeRunner:
             self.api.sleep(POLL_S)
             pods = self.api.pods(self.ns, self._selector("isolation"))
         timed_out = not (len(pods) >= count and all_running(pods) and all_printed(pods))
-        records = self._records(pods, timed_out)
+        records = self._records(pods, timed_out, printed)
         # They held their GPUs only to be seen together: release them for the next workload.
         self.api.core.delete_collection_namespaced_pod(
             self.ns, label_selector=self._selector("isolation"), grace_period_seconds=0,

@@ -108,16 +108,34 @@ def test_containerd_nvidia_only_through_a_runtime_class():
     assert config.handler_is_nvidia("nvidia") and not config.handler_is_nvidia(None)
 
 
-def test_lab_backend_keeps_the_last_runtime_when_the_probe_gives_nothing(tmp_path,
-                                                                         monkeypatch):
+CONTAINERD_NVIDIA_DEFAULT = """version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd]
+default_runtime_name = "nvidia"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+runtime_type = "io.containerd.runc.v2"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+BinaryName = "/usr/bin/nvidia-container-runtime"
+"""
+
+
+def test_lab_backend_reads_the_node_files_and_keeps_them_while_it_is_stopped(tmp_path,
+                                                                             monkeypatch):
+    """The runtime is read with the probe's runtime section in the node's root (here a
+    directory; in the lab /proc/<pid>/root); a stopped node (no root) changes nothing."""
     (tmp_path / "lab.json").write_text('{"nodes": [{"name": "n1", "container": "c1"}]}')
+    root = tmp_path / "root"
+    (root / "etc/containerd").mkdir(parents=True)
+    (root / "etc/containerd/config.toml").write_text(CONTAINERD_NVIDIA_DEFAULT)
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/nvidia-container-runtime").write_text("#!/bin/sh\n")
+    (root / "usr/bin/nvidia-container-runtime").chmod(0o755)
     lab = backend.LabBackend(tmp_path)
-    reports = [probe_report(containerd={"nvidia": NVIDIA_BIN, "default": "nvidia"}), {}]
-    monkeypatch.setattr(lab, "probe", lambda node: reports.pop(0))
+    roots = [str(root), None]
+    monkeypatch.setattr(lab, "_root", lambda node: roots.pop(0))
     monkeypatch.setattr(backend, "RUNTIME_CACHE_SECONDS", 0)
-    assert lab.runtime("n1").handler_is_nvidia(None)
-    assert lab.runtime("n1").handler_is_nvidia(None)  # the failed look changed nothing
-    assert reports == []
+    assert lab.runtime("n1") == backend.RuntimeConfig(frozenset({"nvidia"}), "nvidia")
+    assert lab.runtime("n1").handler_is_nvidia(None)  # stopped: the last one stays
+    assert roots == []
 
 
 def test_nvidia_runtime_without_its_binary_does_not_count():

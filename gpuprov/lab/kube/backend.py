@@ -8,10 +8,12 @@ answers them for `gpuprov lab` nodes (podman containers; the simulated NVML on t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import posixpath
+import signal
 import subprocess
 import sys
 import threading
@@ -76,9 +78,13 @@ class LocalProcess:
     kubelet) can react at once instead of at its next periodic pass."""
 
     def __init__(self, argv: list[str], env: dict[str, str], on_kill=None,
-                 on_exit: Callable[[], None] | None = None) -> None:
+                 on_exit: Callable[[], None] | None = None, group: bool = False) -> None:
+        # group: the process leads a process group of its own, and stopping it stops the group
+        # (SIGTERM, then SIGKILL after KILL_GRACE_SECONDS): what nsenter starts is its child.
+        self._group = group
         self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      start_new_session=group)
         self._buf = bytearray()
         self._lock = threading.Lock()
         self._on_kill = on_kill
@@ -108,10 +114,29 @@ class LocalProcess:
         return code
 
     def kill(self) -> None:
+        """Stop the process. Where that takes a command of its own (on_kill: a `podman exec`
+        into the node), it runs in a thread of its own: the emulated kubelet deleting eight
+        pods does not wait for eight commands in a row, as a real kubelet's sync loop does
+        not wait for containers to stop. Not a daemon thread: exiting waits for it."""
+        if self._on_kill is None and not self._group:
+            self._stop()
+        else:
+            threading.Thread(target=self._stop, name="pod-kill").start()
+
+    def _stop(self) -> None:
         if self._on_kill is not None:
             self._on_kill()
+        if self._group:
+            self._signal_group(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(KILL_GRACE_SECONDS)
+            self._signal_group(signal.SIGKILL)
         if self._proc.poll() is None:
             self._proc.kill()
+
+    def _signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, sig)
 
 
 # -- runtime configuration, from the probe's report ----------------------------------------------
@@ -200,7 +225,14 @@ for i in range(pynvml.nvmlDeviceGetCount()):
 print(json.dumps({"gpus": gpus}))
 """
 
-RUNTIME_CACHE_SECONDS = 5.0
+RUNTIME_CACHE_SECONDS = 1.0
+# A pod's processes get SIGTERM when it is deleted, SIGKILL this long after (a real kubelet's
+# grace period is the pod's; the smoke pods' `sleep` ends at once).
+KILL_GRACE_SECONDS = 2.0
+# A pod process's environment before the pod's own: what the node image's config gives
+# `podman exec` (the lab's image sets no other).
+BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root"}
 # A GPU pod's PATH in a lab node: the simulated nvidia-smi (gpuprov/lab/image/nvidia-smi, the
 # one the container toolkit would inject) before the node's own, which would be Debian's real
 # nvidia-smi once the driver is installed, and which cannot talk to the simulated NVML.
@@ -220,6 +252,8 @@ class LabBackend:
         self.containers = {n["name"]: n["container"] for n in state["nodes"]}
         self._gpu_cache: dict[str, tuple[tuple, list[Gpu] | None]] = {}
         self._runtime_cache: dict[str, tuple[float, RuntimeConfig]] = {}
+        # node -> (/proc/<pid>/root of its container's init, the container's ID)
+        self._roots: dict[str, tuple[str, str]] = {}
 
     def nodes(self) -> list[NodeSpec]:
         # A node container sees the host's CPUs and memory, and so would a kubelet in it.
@@ -272,43 +306,75 @@ class LabBackend:
         self._gpu_cache[node] = (signature, result)
         return result
 
+    def _root(self, node: str) -> str | None:
+        """The node container's root directory as the host sees it (/proc/<pid>/root of its
+        init), None while the container is not running. Checked on every use (its cgroup
+        names the container): a container started again has another init."""
+        known = self._roots.get(node)
+        if known is not None:
+            root, container_id = known
+            try:
+                if container_id in Path(root).parent.joinpath("cgroup").read_text():
+                    return root
+            except OSError:
+                pass
+        proc = self._podman("container", "inspect", "--format", "{{.Id}} {{.State.Pid}}",
+                            self.containers[node], timeout=15)
+        fields = proc.stdout.decode().split()
+        if proc.returncode != 0 or len(fields) != 2 or fields[1] == "0":
+            self._roots.pop(node, None)
+            return None
+        self._roots[node] = (f"/proc/{fields[1]}/root", fields[0])
+        return self._roots[node][0]
+
     def runtime(self, node: str) -> RuntimeConfig:
+        """What the production probe's runtime section (gpuprov.probe.runtime) reads in the
+        node's files, read from the host through the container's root: file reads, not a
+        `podman exec` of the whole probe, so the controllers' passes can ask at every pass
+        (cached RUNTIME_CACHE_SECONDS). Absolute symlinks inside the node would resolve on
+        the host; the configs, drop-ins and NVIDIA binaries it reads are plain files."""
+        from gpuprov.probe import runtime as probe_runtime
+        from gpuprov.probe.fs import Root
+
         cached = self._runtime_cache.get(node)
         if cached and time.monotonic() - cached[0] < RUNTIME_CACHE_SECONDS:
             return cached[1]
-        report = self.probe(node)
-        if not report and cached:
-            # No report (podman busy while another node stops, the node restarting) says
-            # nothing about the node's config: keep the last one, and look again next time.
-            # Read as "no NVIDIA runtime", it would take the node's GPUs away for a moment.
-            return cached[1]
-        config = runtime_from_probe(report)
+        root = self._root(node)
+        if root is None:
+            # A stopped node says nothing about its config: keep the last one. Read as "no
+            # NVIDIA runtime", it would take the node's GPUs away for a moment.
+            return cached[1] if cached else RuntimeConfig()
+        try:
+            section = probe_runtime.collect(Root(root))
+        except OSError:  # the container stopped while it was read
+            return cached[1] if cached else RuntimeConfig()
+        config = runtime_from_probe({"container_runtime": section})
         self._runtime_cache[node] = (time.monotonic(), config)
         return config
 
     def start(self, node: str, key: str, argv: list[str], env: dict[str, str],
               on_exit: Callable[[], None] | None = None) -> Process:
+        """A pod's process in the node: `nsenter` into every namespace of the node container's
+        init (about 20 ms, where `podman exec` costs about 130 ms of CPU; eight isolation pods
+        start at once). It runs in the node's filesystem, PID namespace and network, not in
+        the container's cgroup, and is stopped from the host as a process group. A node that
+        is not running gets `podman exec`, which fails as a real runtime would."""
         from gpuprov.lab import podman
 
-        container = self.containers[node]
-        pidfile = f"/run/gpuprov-kube/{key}.pid"
-        # The command runs under a shell that records its pid, so deleting the pod can stop
-        # it inside the node: killing `podman exec` itself would leave it running there.
-        wrapper = f'mkdir -p /run/gpuprov-kube && echo $$ > {pidfile} && exec "$@"'
         if env.get("NVIDIA_VISIBLE_DEVICES", "void") not in ("void", "none", ""):
             # What NVIDIA's runtime does to a GPU container: its nvidia-smi is there to run.
             env = {"PATH": SIM_PATH, **env}
+        root = self._root(node)
+        if root is not None:
+            pid = root.split("/")[2]
+            args = ["nsenter", "--target", pid, "--all", "--root", "--wd",
+                    "env", "-i", *(f"{k}={v}" for k, v in {**BASE_ENV, **env}.items()), *argv]
+            return LocalProcess(args, dict(os.environ), on_exit=on_exit, group=True)
         args = ["podman", "exec"]
         for name, value in env.items():
             args += ["--env", f"{name}={value}"]
-        args += [container, "sh", "-c", wrapper, "sh", *argv]
-
-        def stop_in_node() -> None:
-            self._podman("exec", container, "sh", "-c",
-                         f'[ -f {pidfile} ] && kill -TERM "$(cat {pidfile})"; rm -f {pidfile}',
-                         timeout=15)
-
-        return LocalProcess(args, podman.environment(), on_kill=stop_in_node, on_exit=on_exit)
+        args += [self.containers[node], *argv]
+        return LocalProcess(args, podman.environment(), on_exit=on_exit)
 
 
 def host_kernel() -> str:
