@@ -230,8 +230,11 @@ class NodeRunner:
             return SmokeRun("isolation", 1, skipped="fewer than 2 GPUs: nothing to isolate")
         if count < 2:
             return SmokeRun("isolation", 1, skipped=f"only {free} free GPU(s): need 2")
-        for i in range(count):
-            self._create_pod(f"{self.prefix}-iso-{i}", "isolation", 1, HOLD_COMMAND)
+        # Created at once, not one request after the other: they are to run together anyway.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=count,
+                                                   thread_name_prefix="smoke-create") as pool:
+            list(pool.map(lambda i: self._create_pod(f"{self.prefix}-iso-{i}", "isolation", 1,
+                                                     HOLD_COMMAND), range(count)))
         deadline = time.monotonic() + self.timeout
 
         def all_running(pods: list[dict]) -> bool:

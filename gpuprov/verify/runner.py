@@ -3,6 +3,7 @@ every node has answered (or failed to), so one bad host never hides the others."
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
@@ -197,11 +198,17 @@ def run(
             log.warning("%s", why_none)
         else:
             api = cluster.api_client(kubeconfig, options.context)
+    # The cluster's view is read while the nodes are probed: neither waits for the other.
+    snapshot = None
+    if api is not None:
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
+        snapshot = pool.submit(cluster.snapshot, api)
+        pool.shutdown(wait=False)
     results = nodes.collect(inventory_nodes, options.timeout, options.concurrency,
                             probe=probe, progress=progress)
+    view = snapshot.result() if snapshot is not None else None
     findings = node_findings(results, selected)
     if wants_cluster:
-        view = cluster.snapshot(api) if api is not None else None
         findings += cluster_findings(results, view, selected, why_none)
         findings += pod_findings(results, view, selected, options, api, why_none)
     order = {n.name: i for i, n in enumerate(inventory_nodes)}

@@ -10,8 +10,11 @@ dpkg-query's lines are parsed by gpuprov's probe (gpuprov.probe.packages), the s
         -> {"interrupted": [why, ...], "packages": {name: {"version", "state", "held"}},
             "nouveau_loaded": bool, "module_version": "535.261.03" | None,
             "persistenced": {"enabled": "enabled" | "disabled" | "", "active": "active" | ...},
-            "files": [{"path", "checksum", "mode", "uid", "gid"}]}
-        (lines tagged pkg, interrupted, module, unit, file; driver-state.sh says what each is)
+            "files": [{"path", "checksum", "mode", "uid", "gid"}],
+            "version": {"rc": int, "output": str} | None, "contents": {path: text},
+            "unreadable": [path, ...]}
+        (lines tagged pkg, interrupted, module, unit, file, version, content, error; the
+        scripts, roles/*/files/*-state.sh, say what each is)
     files | gpuprov_file_current(path, content, mode="0644")
         -> whether the node's file (in the "files" above) has this content (sha1), mode and
            root ownership already: a role then skips the template/copy task, which costs
@@ -27,6 +30,7 @@ dpkg-query's lines are parsed by gpuprov's probe (gpuprov.probe.packages), the s
 
 from __future__ import annotations
 
+import base64
 import fnmatch
 import hashlib
 import re
@@ -72,7 +76,7 @@ def node_read(text: Any) -> dict:
             f"gpuprov_node_read expects the script's stdout, got {text!r}")
     state: dict = {"interrupted": [], "packages": {}, "nouveau_loaded": False,
                    "module_version": None, "persistenced": {"enabled": "", "active": ""},
-                   "files": []}
+                   "files": [], "version": None, "contents": {}, "unreadable": []}
     dpkg_lines = []
     for line in text.splitlines():
         tag, _, rest = line.partition("\t")
@@ -92,6 +96,17 @@ def node_read(text: Any) -> dict:
             found = _file_line(fields)
             if found is not None:
                 state["files"].append(found)
+        elif tag == "version" and len(fields) == 2 and fields[0].isdigit():
+            state["version"] = {"rc": int(fields[0]), "output": fields[1]}
+        elif tag == "content" and len(fields) == 2:
+            try:
+                text = base64.b64decode(fields[1], validate=True).decode()
+            except (ValueError, UnicodeDecodeError):
+                state["unreadable"].append(fields[0])
+            else:
+                state["contents"][fields[0]] = text
+        elif tag == "error":
+            state["unreadable"].append(rest)
     for package in _packages_module().parse_dpkg_query("\n".join(dpkg_lines)):
         state["packages"][package.pop("name")] = package
     return state

@@ -429,6 +429,6 @@ def test_unsupported_os_says_what_to_do(tmp_path):
     )
     assert rc == 2
     task, msg = failed_task(doc, "gpu-pascal")
-    assert task == "Assert that the operating system is supported"
+    assert task == "Assert that the operating system is supported and the role has data for it"
     assert msg.startswith("Fedora 40 is not a supported OS for GPU nodes (supported: Debian 12,")
     assert "Install a supported OS on gpu-pascal" in msg
