@@ -108,16 +108,6 @@ def test_containerd_nvidia_only_through_a_runtime_class():
     assert config.handler_is_nvidia("nvidia") and not config.handler_is_nvidia(None)
 
 
-CONTAINERD_NVIDIA_DEFAULT = """version = 2
-[plugins."io.containerd.grpc.v1.cri".containerd]
-default_runtime_name = "nvidia"
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
-runtime_type = "io.containerd.runc.v2"
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
-BinaryName = "/usr/bin/nvidia-container-runtime"
-"""
-
-
 def test_lab_backend_reads_the_node_files_and_keeps_them_while_it_is_stopped(tmp_path,
                                                                              monkeypatch):
     """The runtime is read with the probe's runtime section in the node's root (here a
@@ -125,7 +115,7 @@ def test_lab_backend_reads_the_node_files_and_keeps_them_while_it_is_stopped(tmp
     (tmp_path / "lab.json").write_text('{"nodes": [{"name": "n1", "container": "c1"}]}')
     root = tmp_path / "root"
     (root / "etc/containerd").mkdir(parents=True)
-    (root / "etc/containerd/config.toml").write_text(CONTAINERD_NVIDIA_DEFAULT)
+    (root / "etc/containerd/config.toml").write_text(CONTAINERD_NVIDIA)
     (root / "usr/bin").mkdir(parents=True)
     (root / "usr/bin/nvidia-container-runtime").write_text("#!/bin/sh\n")
     (root / "usr/bin/nvidia-container-runtime").chmod(0o755)

@@ -9,7 +9,7 @@
 #   file         <path> <mode> <uid> <gid> <sha1>  <path>      (each file named, if it exists)
 # It only reads. One command instead of one Ansible task per fact: each task costs a Python
 # start on the node, and a converged node needs nothing but these reads.
-# Arguments: a directory that stands for / (tests only: tests/unit/test_driver_state.py; the
+# Arguments: a directory that stands for / (tests only: tests/unit/test_node_reads.py; the
 # role passes ""), then the files the role writes, so that it writes only those that differ
 # (the same `find` the nvidia_container_toolkit role runs for its files).
 root=${1:-}
