@@ -3,12 +3,15 @@
 
 Prints, from one run:
   - the first run (bare nodes -> GPU nodes) and the second, idempotent run (goal: second at
-    most 25% of the first);
+    most 25% of the first). Each round brings up a fresh lab, runs site.yml once on the bare
+    nodes and then IDEMPOTENT_RUNS times more (each of those is a second run: nothing left
+    to change); the figures are the medians over the rounds' first runs and over all the
+    idempotent runs, every run printed (a 2-core machine's timings vary by 10% run to run);
   - packages the driver role installed on each Debian GPU node (dpkg before/after), against
     what Debian's `nvidia-driver` metapackage would install on the same node before the run
     (`apt-get install -s`, counted in the same run; the goal is at most 75).
 
-    .venv/bin/python bench/site_playbook.py [--keep]
+    .venv/bin/python bench/site_playbook.py [--rounds N] [--keep]
 
 Downloaded packages come from the checkout's cache (.cache/apt-archives/lab), as in the tests,
 so the first run measures installing, not the network.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 GPU_NODES = ("gpu-kepler", "gpu-pascal", "gpu-hopper")
+IDEMPOTENT_RUNS = 3
 
 
 def ssh(lab, node: str, command: str) -> str:
@@ -66,29 +71,38 @@ def site(lab) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keep", action="store_true", help="leave the lab up afterwards")
+    parser.add_argument("--rounds", type=int, default=2, help="fresh labs (default 2)")
+    parser.add_argument("--keep", action="store_true", help="leave the last lab up afterwards")
     args = parser.parse_args()
     os.environ.setdefault("GPUPROV_LAB_APT_CACHE", str(REPO / ".cache" / "apt-archives" / "lab"))
     from gpuprov.lab.lab import Lab
 
-    lab = Lab(Path(tempfile.mkdtemp(prefix="gpuprov-bench-site-")))
-    try:
-        lab.up()
-        before = {n: installed(lab, n) for n in GPU_NODES}
-        metapackage = metapackage_count(lab, "gpu-pascal")
-        first = site(lab)
-        second = site(lab)
-        added = {n: installed(lab, n) - before[n] for n in GPU_NODES}
-        print(f"site.yml on the 4-node lab: first run {first:.1f} s, second run {second:.1f} s")
-        for node in GPU_NODES:
-            print(f"{node}: the roles installed {added[node]} packages")
-        print(f"Debian's nvidia-driver metapackage on a bare node: {metapackage} packages")
-        print(f"second/first={second / first:.2f} (goal <= 0.25) "
-              f"driver_packages/metapackage={max(added.values()) / metapackage:.2f} "
-              f"max_driver_packages={max(added.values())} (goal <= 75)")
-    finally:
-        if not args.keep:
-            lab.down()
+    firsts: list[float] = []
+    seconds: list[float] = []
+    for round_ in range(1, max(1, args.rounds) + 1):
+        lab = Lab(Path(tempfile.mkdtemp(prefix="gpuprov-bench-site-")))
+        try:
+            lab.up()
+            before = {n: installed(lab, n) for n in GPU_NODES}
+            metapackage = metapackage_count(lab, "gpu-pascal")
+            firsts.append(site(lab))
+            runs = [site(lab) for _ in range(IDEMPOTENT_RUNS)]
+            seconds += runs
+            added = {n: installed(lab, n) - before[n] for n in GPU_NODES}
+            print(f"round {round_}: first run {firsts[-1]:.1f} s, second (idempotent) runs "
+                  + ", ".join(f"{t:.1f}" for t in runs) + " s")
+        finally:
+            if not (args.keep and round_ == args.rounds):
+                lab.down()
+    first, second = statistics.median(firsts), statistics.median(seconds)
+    print(f"site.yml on the 4-node lab: first run {first:.1f} s (median of {len(firsts)}), "
+          f"second run {second:.1f} s (median of {len(seconds)})")
+    for node in GPU_NODES:
+        print(f"{node}: the roles installed {added[node]} packages")
+    print(f"Debian's nvidia-driver metapackage on a bare node: {metapackage} packages")
+    print(f"second/first={second / first:.3f} (goal <= 0.25) "
+          f"driver_packages/metapackage={max(added.values()) / metapackage:.2f} "
+          f"max_driver_packages={max(added.values())} (goal <= 75)")
 
 
 if __name__ == "__main__":
