@@ -121,7 +121,7 @@ def test_lab_backend_reads_the_node_files_and_keeps_them_while_it_is_stopped(tmp
     (root / "usr/bin/nvidia-container-runtime").chmod(0o755)
     lab = backend.LabBackend(tmp_path)
     roots = [str(root), None]
-    monkeypatch.setattr(lab, "_root", lambda node: roots.pop(0))
+    monkeypatch.setattr(lab, "_node_root", lambda node: roots.pop(0))
     monkeypatch.setattr(backend, "RUNTIME_CACHE_SECONDS", 0)
     assert lab.runtime("n1") == backend.RuntimeConfig(frozenset({"nvidia"}), "nvidia")
     assert lab.runtime("n1").handler_is_nvidia(None)  # stopped: the last one stays

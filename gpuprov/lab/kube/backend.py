@@ -77,7 +77,7 @@ class LocalProcess:
     on_exit runs in that thread once the process has exited, so its owner (the emulated
     kubelet) can react at once instead of at its next periodic pass."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], on_kill=None,
+    def __init__(self, argv: list[str], env: dict[str, str],
                  on_exit: Callable[[], None] | None = None, group: bool = False) -> None:
         # group: the process leads a process group of its own, and stopping it stops the group
         # (SIGTERM, then SIGKILL after KILL_GRACE_SECONDS): what nsenter starts is its child.
@@ -87,7 +87,6 @@ class LocalProcess:
                                       start_new_session=group)
         self._buf = bytearray()
         self._lock = threading.Lock()
-        self._on_kill = on_kill
         self._on_exit = on_exit
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -114,18 +113,16 @@ class LocalProcess:
         return code
 
     def kill(self) -> None:
-        """Stop the process. Where that takes a command of its own (on_kill: a `podman exec`
-        into the node), it runs in a thread of its own: the emulated kubelet deleting eight
-        pods does not wait for eight commands in a row, as a real kubelet's sync loop does
-        not wait for containers to stop. Not a daemon thread: exiting waits for it."""
-        if self._on_kill is None and not self._group:
-            self._stop()
-        else:
+        """Stop the process. A process group gets SIGTERM and, KILL_GRACE_SECONDS later,
+        SIGKILL, in a thread of its own: the emulated kubelet deleting eight pods does not
+        wait for them, as a real kubelet's sync loop does not wait for containers to stop.
+        Not a daemon thread: exiting waits for it."""
+        if self._group:
             threading.Thread(target=self._stop, name="pod-kill").start()
+        else:
+            self._stop()
 
     def _stop(self) -> None:
-        if self._on_kill is not None:
-            self._on_kill()
         if self._group:
             self._signal_group(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -252,8 +249,8 @@ class LabBackend:
         self.containers = {n["name"]: n["container"] for n in state["nodes"]}
         self._gpu_cache: dict[str, tuple[tuple, list[Gpu] | None]] = {}
         self._runtime_cache: dict[str, tuple[float, RuntimeConfig]] = {}
-        # node -> (/proc/<pid>/root of its container's init, the container's ID)
-        self._roots: dict[str, tuple[str, str]] = {}
+        # node -> (host PID of its container's init, the container's ID)
+        self._inits: dict[str, tuple[str, str]] = {}
 
     def nodes(self) -> list[NodeSpec]:
         # A node container sees the host's CPUs and memory, and so would a kubelet in it.
@@ -306,26 +303,31 @@ class LabBackend:
         self._gpu_cache[node] = (signature, result)
         return result
 
-    def _root(self, node: str) -> str | None:
-        """The node container's root directory as the host sees it (/proc/<pid>/root of its
-        init), None while the container is not running. Checked on every use (its cgroup
-        names the container): a container started again has another init."""
-        known = self._roots.get(node)
+    def _init_pid(self, node: str) -> str | None:
+        """The host PID of the node container's init (its root is /proc/<pid>/root), None
+        while the container is not running. Checked on every use (its cgroup names the
+        container): a container started again has another init."""
+        known = self._inits.get(node)
         if known is not None:
-            root, container_id = known
+            pid, container_id = known
             try:
-                if container_id in Path(root).parent.joinpath("cgroup").read_text():
-                    return root
+                if container_id in Path(f"/proc/{pid}/cgroup").read_text():
+                    return pid
             except OSError:
                 pass
         proc = self._podman("container", "inspect", "--format", "{{.Id}} {{.State.Pid}}",
                             self.containers[node], timeout=15)
         fields = proc.stdout.decode().split()
         if proc.returncode != 0 or len(fields) != 2 or fields[1] == "0":
-            self._roots.pop(node, None)
+            self._inits.pop(node, None)
             return None
-        self._roots[node] = (f"/proc/{fields[1]}/root", fields[0])
-        return self._roots[node][0]
+        self._inits[node] = (fields[1], fields[0])
+        return fields[1]
+
+    def _node_root(self, node: str) -> str | None:
+        """The node container's root directory as the host sees it, None while it is stopped."""
+        pid = self._init_pid(node)
+        return None if pid is None else f"/proc/{pid}/root"
 
     def runtime(self, node: str) -> RuntimeConfig:
         """What the production probe's runtime section (gpuprov.probe.runtime) reads in the
@@ -339,7 +341,7 @@ class LabBackend:
         cached = self._runtime_cache.get(node)
         if cached and time.monotonic() - cached[0] < RUNTIME_CACHE_SECONDS:
             return cached[1]
-        root = self._root(node)
+        root = self._node_root(node)
         if root is None:
             # A stopped node says nothing about its config: keep the last one. Read as "no
             # NVIDIA runtime", it would take the node's GPUs away for a moment.
@@ -364,9 +366,8 @@ class LabBackend:
         if env.get("NVIDIA_VISIBLE_DEVICES", "void") not in ("void", "none", ""):
             # What NVIDIA's runtime does to a GPU container: its nvidia-smi is there to run.
             env = {"PATH": SIM_PATH, **env}
-        root = self._root(node)
-        if root is not None:
-            pid = root.split("/")[2]
+        pid = self._init_pid(node)
+        if pid is not None:
             args = ["nsenter", "--target", pid, "--all", "--root", "--wd",
                     "env", "-i", *(f"{k}={v}" for k, v in {**BASE_ENV, **env}.items()), *argv]
             return LocalProcess(args, dict(os.environ), on_exit=on_exit, group=True)
