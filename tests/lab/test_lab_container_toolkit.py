@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from conftest import playbook_failures
 
-from gpuprov.lab.kube.backend import LabBackend, runtime_from_probe
+from gpuprov.lab.kube.backend import LabBackend
 
 GPU_NODES = ["gpu-kepler", "gpu-pascal", "gpu-hopper"]
 
@@ -44,8 +44,9 @@ def test_gpu_node_runs_nvidia_runtime_from_the_local_repository(toolkit_runs, la
     assert 'default_runtime_name = "nvidia"' in dump
     assert 'bin_dir = "/usr/lib/cni"' in dump
     assert "Server:" in run("ctr version")
-    # What the emulated device plugin registration decides from the probe's report.
-    config = runtime_from_probe(LabBackend(lab.dir).probe(name))
+    # What the emulated device plugin registration decides from: the probe's runtime section,
+    # read from the host in the node's root.
+    config = LabBackend(lab.dir).runtime(name)
     assert config.runtime == "containerd" and config.default_handler == "nvidia"
     assert config.handler_is_nvidia(None) and "nvidia" in config.nvidia_handlers
 

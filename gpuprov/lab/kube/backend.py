@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from gpuprov import payload
-
 NVIDIA_RUNTIME_BINARY = "nvidia-container-runtime"
 LOG_LIMIT = 1 << 20  # bytes of output kept per container run, like the kubelet's log rotation
 
@@ -263,23 +261,11 @@ class LabBackend:
                     memory = f"{line.split()[1]}Ki"
         return [NodeSpec(name, cpu, memory) for name in self.containers]
 
-    def _podman(self, *args: str, timeout: float = 30,
-                input: bytes | None = None) -> subprocess.CompletedProcess:
+    def _podman(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
         from gpuprov.lab import podman  # the lab's one way to run podman
 
         return subprocess.run(["podman", *args], env=podman.environment(), capture_output=True,
-                              timeout=timeout, check=False, input=input)
-
-    def probe(self, node: str) -> dict:
-        """The production probe's report from inside the node, shipped as `verify` ships it
-        over SSH ({} when it produced none)."""
-        proc = self._podman("exec", "-i", self.containers[node], *payload.PROBE_COMMAND.split(),
-                            input=payload.probe_script(), timeout=60)
-        try:
-            return payload.parse_report(proc.stdout.decode(errors="replace"), node,
-                                        proc.stderr.decode(errors="replace"))
-        except payload.ProbeError:
-            return {}
+                              timeout=timeout, check=False)
 
     def gpus(self, node: str) -> list[Gpu] | None:
         sim = self.lab_dir / "nodes" / node / "sim"
