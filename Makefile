@@ -14,7 +14,7 @@ export PATH := $(BIN):$(PATH)
 
 LAB_INVENTORY := inventory/lab/hosts.yml
 
-.PHONY: help deps venv demo lab-up lab-down test test-unit test-lab test-molecule lint bench clean
+.PHONY: help deps venv containerd-bins demo lab-up lab-down test test-unit test-lab test-molecule lint bench clean
 
 help:
 	@echo "make demo   set everything up, bring up the 4-node lab, run site.yml on it"
@@ -33,6 +33,11 @@ $(VENV)/.installed: pyproject.toml
 
 venv: deps $(VENV)/.installed
 
+# Debian's containerd 1.6 / 1.7 / 2.x binaries (not installed: .cache/containerd/<suite>/) for
+# the unit tests that run `containerd config dump` on the merged runtime configs.
+containerd-bins:
+	@bash scripts/fetch-containerd.sh
+
 lab-up: venv
 	gpuprov lab up
 
@@ -48,7 +53,7 @@ lint: venv
 	yamllint -s .
 	ansible-lint
 
-test-unit: venv
+test-unit: venv containerd-bins
 	pytest -m "not lab and not molecule" tests
 
 test-lab: venv
@@ -58,7 +63,7 @@ test-molecule: venv
 	pytest -m molecule tests
 
 # One pytest run, so the summary line counts every test.
-test: venv lint
+test: venv lint containerd-bins
 	pytest tests
 
 # Figures for the notes; each script prints its baseline measured in the same run.

@@ -16,6 +16,16 @@ key merge too. The main file only gains an `imports` entry (comments and layout 
 Consequence: later edits to the CRI table in config.toml take effect once the role has
 run again (it rebuilds the drop-in from them); the drop-in's header says so.
 
+The effective table includes the CRI plugin's built-ins (runc, default_runtime_name):
+containerd 1.x keeps only the runtimes a config names once it names any, so a config that
+relies on the built-in runc would lose it to the drop-in's runtimes table
+(probe_runtime.containerd_cri_builtins says where containerd keeps them).
+
+A version 1 config (no `version` key) is refused on containerd 2.x: 2.x moves its CRI keys
+to the old plugin name and ignores them, so no NVIDIA runtime written there takes effect
+(version 2 is fine: 2.x migrates each file to version 3 as it loads it). Likewise a version 3
+config on containerd 1.x: 1.7 refuses it, 1.6.20 loads it and ignores its CRI plugin ids.
+
 Docker: daemon.json is one JSON object; runtimes.<name> (and default-runtime) are set,
 every other key is kept.
 
@@ -99,7 +109,7 @@ def _effective(
         return sorted(p for p in texts if _glob_match(pattern, p))
 
     config, records, mode = probe_runtime.containerd_load(main_path, load, glob, containerd_major)
-    return config, records, mode, missing
+    return probe_runtime.containerd_cri_builtins(config, mode), records, mode, missing
 
 
 def _covers(main_doc: dict, main_path: str, path: str) -> bool:
@@ -157,9 +167,27 @@ def containerd_nvidia(
     if main_text is None:
         version = 3 if (containerd_major or 1) >= 2 else 2
     version = version if isinstance(version, int) and version in CRI_PLUGIN_IDS else 1
+    if version == 1 and (containerd_major or 1) >= 2:
+        # containerd 2.x's own `config migrate` drops a version 1 file's CRI keys as well,
+        # hence the rename first (checked with 2.1.9).
+        raise RuntimeConfigError(
+            f"{main_path} is a version 1 config (no version key, or version = 1), whose CRI "
+            f"settings containerd {containerd_major}.x ignores, so the NVIDIA runtime would not "
+            "take effect: migrate it first (set version = 2 and rename plugins.cri to "
+            'plugins."io.containerd.grpc.v1.cri", run `containerd config migrate > new.toml`, '
+            f"review new.toml, replace {main_path} with it), then run the role again"
+        )
+    if version == 3 and containerd_major == 1:
+        raise RuntimeConfigError(
+            f"{main_path} is a version 3 config, which containerd 1.x does not read (1.7 "
+            "refuses to start, 1.6 ignores its CRI settings), so the NVIDIA runtime would not "
+            "take effect: write it as version 2 or upgrade containerd to 2.x, then run the "
+            "role again"
+        )
     plugin_id = CRI_PLUGIN_IDS[version]
 
-    texts = {**others, main_path: main_text if main_text is not None else ""}
+    # No file: containerd runs on its defaults, in the schema of the version it writes.
+    texts = {**others, main_path: main_text if main_text is not None else f"version = {version}\n"}
     before, _, mode, missing = _effective(main_path, texts, containerd_major, drop_in_path)
     if missing:
         raise RuntimeConfigError(
@@ -187,8 +215,9 @@ def containerd_nvidia(
         f"{runtime_name} runtime: containerd 1.x replaces a plugin table of an imported file"
     ))
     drop_in_doc.add(tomlkit.comment(
-        "whole. Change CRI settings in those files, then run the role again."
+        "whole, and keeps only the runtimes it names (so runc is named too). Change CRI"
     ))
+    drop_in_doc.add(tomlkit.comment("settings in those files, then run the role again."))
     if "version" in main_doc or main_text is None:
         drop_in_doc.add("version", version)
     drop_in_doc.add("plugins", {plugin_id: cri})

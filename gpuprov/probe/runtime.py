@@ -34,6 +34,15 @@ NVIDIA_BINARIES = (
     "nvidia-container-runtime-hook",
 )
 RUNTIME_NAME = "nvidia"
+# NVIDIA's container toolkit's own config: which GPU requests its runtime and hook honour.
+TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+# Its keys that decide who gets GPUs, with the value the toolkit takes when a key is absent
+# (NVIDIA/nvidia-container-toolkit, internal/config/config.go GetDefault: the envvar is
+# accepted from unprivileged containers, volume mounts are not).
+TOOLKIT_KEYS = {
+    "accept-nvidia-visible-devices-envvar-when-unprivileged": True,
+    "accept-nvidia-visible-devices-as-volume-mounts": False,
+}
 
 
 def _is_nvidia_binary(path: object) -> bool:
@@ -192,6 +201,40 @@ def containerd_load(
     return effective, records, mode or MERGE_REPLACE
 
 
+# The CRI plugin's built-in runtime settings (its `containerd` table), by plugin id, as
+# `containerd config default` prints them (Debian's 1.6.20, 1.7.24, 2.1.9); its other
+# defaults are plain fields, which a config's own tables leave alone. containerd 1.x
+# decodes the merged config's `runtimes` table into a NEW map: a config that names any
+# runtime (the nvidia drop-in does) has only the runtimes it names, and runc is gone unless
+# it is named too. 2.x decodes that table into the built-in map, entry by entry.
+# sandbox_mode is 1.7's (1.6 ignores it; 2.x migrates it to sandboxer).
+_RUNC_V1 = {"runtime_type": "io.containerd.runc.v2", "sandbox_mode": "podsandbox"}
+_RUNC_V3 = {"runtime_type": "io.containerd.runc.v2", "sandboxer": "podsandbox"}
+CONTAINERD_CRI_BUILTIN = {
+    keys[1]: {"default_runtime_name": "runc", "runtimes": {"runc": runc}}
+    for keys, runc in zip(CONTAINERD_CRI_TABLES, (_RUNC_V3, _RUNC_V1, _RUNC_V1), strict=True)
+}
+
+
+def containerd_cri_builtins(config: dict, mode: str) -> dict:
+    """A copy of `config` (containerd_load's) with the CRI plugin's built-in runtimes and
+    default runtime name where containerd keeps them: what the CRI plugin runs with."""
+    out = copy.deepcopy(config)
+    version = config.get("version")
+    plugin_id = CONTAINERD_CRI_TABLES[{3: 0, 2: 1}.get(version, 2)][1]
+    plugins = out.setdefault("plugins", {})
+    cri = plugins.setdefault(plugin_id, {}) if isinstance(plugins, dict) else None
+    containerd = cri.setdefault("containerd", {}) if isinstance(cri, dict) else None
+    if not isinstance(containerd, dict):
+        return out
+    builtin = copy.deepcopy(CONTAINERD_CRI_BUILTIN[plugin_id])
+    containerd.setdefault("default_runtime_name", builtin["default_runtime_name"])
+    runtimes = containerd.get("runtimes")
+    if runtimes is None or (mode == MERGE_DEEP and isinstance(runtimes, dict)):
+        containerd["runtimes"] = _merge(builtin["runtimes"], runtimes or {})
+    return out
+
+
 def collect_containerd(root: Root) -> dict:
     if not root.exists(CONTAINERD_CONFIG):
         return {
@@ -208,6 +251,7 @@ def collect_containerd(root: Root) -> dict:
         return (None if record["error"] else doc), record
 
     merged, files, mode = containerd_load(CONTAINERD_CONFIG, load, root.glob)
+    merged = containerd_cri_builtins(merged, mode)
     runtimes: dict = {}
     default = None
     for keys in CONTAINERD_CRI_TABLES:
@@ -292,8 +336,23 @@ def collect_cdi(root: Root) -> list[dict]:
     return specs
 
 
+def collect_toolkit_config(root: Root) -> dict:
+    """The toolkit's config.toml: the keys that decide who gets GPUs (TOOLKIT_KEYS, absent
+    ones at the toolkit's defaults) and the runtime's mode."""
+    present = root.exists(TOOLKIT_CONFIG)
+    doc, record = _load_toml(root, TOOLKIT_CONFIG) if present else ({}, {"error": None})
+    settings = {key: doc[key] if isinstance(doc.get(key), bool) else default
+                for key, default in TOOLKIT_KEYS.items()}
+    runtime = doc.get("nvidia-container-runtime")
+    mode = runtime.get("mode") if isinstance(runtime, dict) else None
+    return {"path": TOOLKIT_CONFIG, "present": present,
+            "error": record["error"],
+            "settings": settings, "mode": mode if isinstance(mode, str) else "auto"}
+
+
 def collect(root: Root) -> dict:
     return {
+        "toolkit_config": collect_toolkit_config(root),
         "containerd": collect_containerd(root),
         "docker": collect_docker(root),
         "crio": collect_crio(root),

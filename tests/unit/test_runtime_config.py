@@ -111,6 +111,57 @@ def test_debian_stock_config_keeps_its_cni_dirs(tmp_path):
     assert [f["path"] for f in doc["files"]] == [MAIN, DROP_IN]
 
 
+def test_a_config_relying_on_the_built_in_runc_keeps_it(tmp_path):
+    """Debian's file names no runtime, so containerd runs its built-in runc. containerd 1.x
+    keeps only the runtimes a config names once it names any (the drop-in names nvidia): the
+    drop-in names runc too, as containerd has it built in (checked against the real binaries
+    in test_runtime_config_containerd.py)."""
+    assert effective({MAIN: DEBIAN_STOCK})["plugins"][CRI]["containerd"] == {
+        "default_runtime_name": "runc",
+        "runtimes": {"runc": {"runtime_type": "io.containerd.runc.v2",
+                              "sandbox_mode": "podsandbox"}},
+    }
+    result = rc.containerd_nvidia(DEBIAN_STOCK, {}, containerd_major=1)
+    containerd = tomllib.loads(result["drop_in"])["plugins"][CRI]["containerd"]
+    assert containerd["default_runtime_name"] == "runc"
+    assert containerd["runtimes"]["runc"] == {
+        "runtime_type": "io.containerd.runc.v2", "sandbox_mode": "podsandbox"
+    }
+    assert set(effective(apply(result))["plugins"][CRI]["containerd"]["runtimes"]) == {
+        "runc", "nvidia"
+    }
+    # The same drop-in without runc: the model says runc is gone under 1.x, kept under 2.x.
+    doc = tomllib.loads(result["drop_in"])
+    del doc["plugins"][CRI]["containerd"]["runtimes"]["runc"]
+    files = {MAIN: result["main"], DROP_IN: tomlkit.dumps(doc)}
+    assert set(effective(files, 1)["plugins"][CRI]["containerd"]["runtimes"]) == {"nvidia"}
+    assert set(effective(files, 2)["plugins"][CRI]["containerd"]["runtimes"]) == {
+        "runc", "nvidia"
+    }
+    doc = probe_runtime.collect_containerd(node_root(tmp_path, apply(result)))
+    assert set(doc["runtimes"]) == {"runc", "nvidia"} and doc["default_runtime_name"] == "runc"
+
+
+@pytest.mark.parametrize(("main", "major", "why"), [
+    ('[plugins.cri.containerd]\nsnapshotter = "overlayfs"\n', 2, "version 1 config"),
+    ('version = 1\n', 2, "version 1 config"),
+    ('version = 3\n[plugins."io.containerd.cri.v1.images"]\nsnapshotter = "overlayfs"\n', 1,
+     "version 3 config"),
+])
+def test_a_version_the_containerd_does_not_read_is_refused(main, major, why):
+    """containerd 2.x moves a version 1 file's CRI keys to the old plugin name and ignores
+    them; 1.7 refuses version 3 and 1.6 ignores its CRI plugin ids: an NVIDIA runtime written
+    there would never take effect. One line, saying what to do."""
+    with pytest.raises(rc.RuntimeConfigError) as refused:
+        rc.containerd_nvidia(main, {}, containerd_major=major)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"{MAIN} is a {why}")
+    if major == 2:
+        assert "containerd config migrate > new.toml" in message
+    # Without the binary's version the merge assumes the containerd that reads that version.
+    assert rc.containerd_nvidia(main, {})["main_changed"] is True
+
+
 def test_a_naive_drop_in_would_lose_the_settings():
     """Why the drop-in copies the table: the rule the merge is written against."""
     naive = (f'version = 2\n[plugins."{CRI}".containerd.runtimes.nvidia.options]\n'
