@@ -173,9 +173,11 @@ def device_plugin(values_file: Path | str | None = None, root: Path | None = Non
 
 def _smoke_values(name: str, namespace: str, gpus: int, node: str | None,
                   values: Mapping[str, Any] | None, deadline_seconds: int,
-                  ttl_seconds: int, command: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
-        raise GpuprovError(f"a smoke workload requests at least one GPU, got {gpus!r}")
+                  ttl_seconds: int, command: tuple[str, ...] | list[str],
+                  visible_devices: str | None = None) -> dict[str, Any]:
+    least = 0 if visible_devices is not None else 1
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < least:
+        raise GpuprovError(f"a smoke workload requests at least {least} GPU(s), got {gpus!r}")
     base = values if values is not None else load_values()
     return {
         "gpuprov_smoke_name": name, "gpuprov_smoke_namespace": namespace,
@@ -185,15 +187,20 @@ def _smoke_values(name: str, namespace: str, gpus: int, node: str | None,
         "gpuprov_smoke_command": list(command),
         "gpuprov_smoke_deadline_seconds": deadline_seconds,
         "gpuprov_smoke_ttl_seconds": ttl_seconds,
+        "gpuprov_smoke_visible_devices": visible_devices,
     }
 
 
 def smoke_pod(name: str, namespace: str, gpus: int = 1, node: str | None = None,
               values: Mapping[str, Any] | None = None,
-              command: tuple[str, ...] | list[str] = SMOKE_COMMAND) -> dict:
-    """A Pod that requests `gpus` nvidia.com/gpu (on `node`, if given) and runs nvidia-smi -L."""
+              command: tuple[str, ...] | list[str] = SMOKE_COMMAND,
+              visible_devices: str | None = None) -> dict:
+    """A Pod that requests `gpus` nvidia.com/gpu (on `node`, if given) and runs nvidia-smi -L.
+
+    `visible_devices`: the pod also sets NVIDIA_VISIBLE_DEVICES to it, as a CUDA image does;
+    with it, `gpus` may be 0 (the pod asks the runtime, not the scheduler)."""
     (pod,) = render(SMOKE_POD_TEMPLATE, _smoke_values(name, namespace, gpus, node, values, 0, 0,
-                                                      command))
+                                                      command, visible_devices))
     return pod
 
 

@@ -18,7 +18,7 @@ Layout of DIR:
     repo/stable/deb/amd64/       *.deb, Packages, Packages.gz, Release, InRelease, Release.gpg
     repo/.inputs                 hash of what the repository was built from
 
-Packages, as NVIDIA splits them (version TOOLKIT_VERSION): nvidia-container-toolkit-base
+Packages, as NVIDIA splits them (each version of TOOLKIT_VERSIONS): nvidia-container-toolkit-base
 (nvidia-ctk, nvidia-container-runtime, /etc/nvidia-container-runtime/config.toml),
 libnvidia-container1 (empty: a README instead of the library), libnvidia-container-tools
 (nvidia-container-cli) and nvidia-container-toolkit (nvidia-container-runtime-hook; depends
@@ -46,7 +46,12 @@ from gpuprov.errors import GpuprovError
 log = logging.getLogger(__name__)
 
 TOOLKIT_DIR = Path(__file__).parent / "toolkit"
-TOOLKIT_VERSION = "1.17.8-1"
+# The versions the repository serves, as apt spells them: the nvidia_container_toolkit role's
+# pin first (NVIDIA's current release, roles/nvidia_container_toolkit/defaults/main.yml), then
+# 1.17.7, which has known CVEs (gpuprov/toolkit_advisories.py), for the tests that install an
+# old, vulnerable toolkit and expect verify to fail and site.yml to move the node to the pin.
+TOOLKIT_VERSIONS = ("1.20.0-1", "1.17.7-1")
+TOOLKIT_VERSION = TOOLKIT_VERSIONS[0]
 ARCH = "amd64"
 # Where the nodes see the repository (bind mount), and the role settings that point at it:
 # the same variables an air-gapped site sets for its own mirror.
@@ -57,7 +62,8 @@ KEY_UID = "gpuprov lab package repository (SIMULATION) <lab-repo@gpuprov.invalid
 # Fixed file times in the packages: the same inputs give the same .debs.
 SOURCE_DATE_EPOCH = 1763769600  # 2025-11-22
 
-# name -> (files: source in toolkit/ -> (path in package, mode), Depends, Description)
+# name -> (files: source in toolkit/ -> (path in package, mode), Depends ({version}: the
+# package's own), Description)
 PACKAGES: dict[str, tuple[dict[str, tuple[str, int]], str, str]] = {
     "nvidia-container-toolkit-base": (
         {
@@ -76,13 +82,13 @@ PACKAGES: dict[str, tuple[dict[str, tuple[str, int]], str, str]] = {
     ),
     "libnvidia-container-tools": (
         {"nvidia-container-cli": ("usr/bin/nvidia-container-cli", 0o755)},
-        f"libnvidia-container1 (>= {TOOLKIT_VERSION})",
+        "libnvidia-container1 (>= {version})",
         "NVIDIA container runtime library (command-line tools) (gpuprov lab SIMULATION)",
     ),
     "nvidia-container-toolkit": (
         {"nvidia-container-runtime-hook": ("usr/bin/nvidia-container-runtime-hook", 0o755)},
-        f"nvidia-container-toolkit-base (= {TOOLKIT_VERSION}), "
-        f"libnvidia-container-tools (>= {TOOLKIT_VERSION})",
+        "nvidia-container-toolkit-base (= {version}), "
+        "libnvidia-container-tools (>= {version})",
         "NVIDIA Container toolkit (gpuprov lab SIMULATION)",
     ),
 }
@@ -135,17 +141,17 @@ def _inputs_digest(fingerprint: str) -> str:
     h = hashlib.sha256()
     for path in sorted([Path(__file__), *TOOLKIT_DIR.iterdir()]):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(f"{TOOLKIT_VERSION}\0{fingerprint}".encode())
+    h.update(f"{' '.join(TOOLKIT_VERSIONS)}\0{fingerprint}".encode())
     return h.hexdigest()
 
 
-def _build_deb(name: str, out_dir: Path, work: Path) -> None:
+def _build_deb(name: str, version: str, out_dir: Path, work: Path) -> None:
     files, depends, description = PACKAGES[name]
-    root = work / name
+    root = work / f"{name}_{version}"
     for source, (dest, mode) in files.items():
         text = (TOOLKIT_DIR / source).read_text()
-        text = text.replace("@VERSION_CLI@", TOOLKIT_VERSION.split("-")[0])
-        text = text.replace("@VERSION@", TOOLKIT_VERSION.split("-")[0])
+        text = text.replace("@VERSION_CLI@", version.split("-")[0])
+        text = text.replace("@VERSION@", version.split("-")[0])
         target = root / dest
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
@@ -155,11 +161,11 @@ def _build_deb(name: str, out_dir: Path, work: Path) -> None:
     size_kib = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) // 1024 + 1
     fields = {
         "Package": name,
-        "Version": TOOLKIT_VERSION,
+        "Version": version,
         "Architecture": ARCH,
         "Maintainer": "gpuprov lab <lab-repo@gpuprov.invalid>",
         "Installed-Size": str(size_kib),
-        "Depends": depends,
+        "Depends": depends.format(version=version),
         "Section": "utils",
         "Priority": "optional",
         "Homepage": "https://github.com/NVIDIA/nvidia-container-toolkit",
@@ -175,7 +181,7 @@ def _build_deb(name: str, out_dir: Path, work: Path) -> None:
         os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
     _run("dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root),
-         str(out_dir / f"{name}_{TOOLKIT_VERSION}_{ARCH}.deb"), env=env)
+         str(out_dir / f"{name}_{version}_{ARCH}.deb"), env=env)
 
 
 def _release(arch_dir: Path) -> str:
@@ -213,8 +219,9 @@ def build_repo(out_dir: Path) -> Repo:
         arch_dir = staging / "stable" / "deb" / ARCH
         arch_dir.mkdir(parents=True)
         with tempfile.TemporaryDirectory(prefix="pkg-", dir=out_dir) as work:
-            for name in PACKAGES:
-                _build_deb(name, arch_dir, Path(work))
+            for version in TOOLKIT_VERSIONS:
+                for name in PACKAGES:
+                    _build_deb(name, version, arch_dir, Path(work))
         # Filename: paths relative to the repository URL, as in a flat repository.
         packages = _run("dpkg-scanpackages", "--multiversion", ".", "/dev/null", cwd=arch_dir)
         packages = packages.replace("Filename: ./", "Filename: ")

@@ -6,6 +6,9 @@ Per GPU node, one after the other (nodes in parallel):
     isolation   one 1-GPU Pod per GPU (up to MAX_ISOLATION_PODS), held Running together
                 until each has printed the GPU it sees: concurrency is observed, not assumed
     batch-job   one batch/v1 Job requesting one GPU, which must complete
+    no-request  one unprivileged Pod that requests no GPU but sets NVIDIA_VISIBLE_DEVICES=all
+                (as every CUDA image does) and runs with the NVIDIA RuntimeClass: the worst
+                case of a pod that did not ask, which must see no GPU
 
 This module only runs the workloads and records what they printed (SmokeRun); the checks in
 gpuprov/verify/checks/pods.py judge the records. The manifests are templates/smoke-*.yml.j2,
@@ -33,7 +36,7 @@ log = logging.getLogger(__name__)
 GPU_RESOURCE = "nvidia.com/gpu"
 NAMESPACE_PREFIX = "gpuprov-verify-"
 MANAGED_LABEL = {"app.kubernetes.io/managed-by": "gpuprov"}
-SMOKE_KINDS = ("gpu-count", "isolation", "batch-job")
+SMOKE_KINDS = ("gpu-count", "isolation", "batch-job", "no-request")
 MAX_ISOLATION_PODS = 8
 # Waits watch for changes (no polling); a watch lasts at most WATCH_S so that Ctrl-C is
 # noticed between two. Output in a running pod's log is no API change: while pods run and
@@ -46,6 +49,9 @@ REQUEST_TIMEOUT = (5.0, 30.0)
 _GPU_LINE = re.compile(r"^GPU \d+: .*\(UUID: (?P<uuid>[^)\s]+)\)", re.MULTILINE)
 # The isolation pods print their GPU, then stay Running until the verifier deletes them.
 HOLD_COMMAND = ("sh", "-c", "nvidia-smi -L && exec sleep 600")
+# The no-request pod lists what GPUs it can use and always ends well: seeing none is its pass
+# (nvidia-smi is not even there when NVIDIA's runtime gives the container no GPU).
+NO_REQUEST_COMMAND = ("sh", "-c", "nvidia-smi -L 2>/dev/null; exit 0")
 
 
 def gpu_uuids(log_text: str) -> list[str]:
@@ -205,9 +211,11 @@ class NodeRunner:
             records.append(PodRecord(name, phase, tuple(gpu_uuids(text)), why))
         return tuple(records)
 
-    def _create_pod(self, name: str, kind: str, gpus: int, command: Sequence[str]) -> None:
+    def _create_pod(self, name: str, kind: str, gpus: int, command: Sequence[str],
+                    visible_devices: str | None = None) -> None:
         pod = manifests.smoke_pod(name, self.ns, gpus=gpus, node=self.target.node,
-                                  values=self.values, command=list(command))
+                                  values=self.values, command=list(command),
+                                  visible_devices=visible_devices)
         self.api.core.create_namespaced_pod(self.ns, self._labelled(pod, kind),
                                             _request_timeout=REQUEST_TIMEOUT)
 
@@ -295,10 +303,18 @@ class NodeRunner:
         return SmokeRun("batch-job", 1, self._records(pods, completed is None),
                         completed=completed)
 
+    def no_request(self) -> SmokeRun:
+        self._create_pod(f"{self.prefix}-no-request", "no-request", 0, NO_REQUEST_COMMAND,
+                         visible_devices="all")
+        pods = self._wait("no-request", 1, lambda ps: all(
+            _pod_state(p)[0] in ("Succeeded", "Failed") for p in ps))
+        timed_out = not pods or _pod_state(pods[0])[0] not in ("Succeeded", "Failed")
+        return SmokeRun("no-request", 0, self._records(pods, timed_out))
+
     def run(self, kinds: Sequence[str]) -> dict[str, SmokeRun]:
         runs: dict[str, SmokeRun] = {}
         for kind, step in (("gpu-count", self.gpu_count), ("isolation", self.isolation),
-                           ("batch-job", self.batch_job)):
+                           ("batch-job", self.batch_job), ("no-request", self.no_request)):
             if kind not in kinds:
                 continue
             try:

@@ -136,7 +136,7 @@ def test_daemonset_status_counts_every_node(emulator):
 
 def test_two_gpu_pod_sees_two_distinct_gpus_of_its_node(core, ns):
     core.create_namespaced_pod(ns, gpu_pod("two", "gpu-pascal", 2,
-                                           "echo $NVIDIA_VISIBLE_DEVICES"))
+                                           "echo $GPUPROV_SIM_CONTAINER_GPUS"))
     pod = finished(core, ns, "two")
     assert pod.status.phase == "Succeeded"
     assert pod.status.container_statuses[0].state.terminated.exit_code == 0
@@ -146,7 +146,7 @@ def test_two_gpu_pod_sees_two_distinct_gpus_of_its_node(core, ns):
 
 def test_pod_without_gpu_request_sees_no_gpu(core, ns):
     core.create_namespaced_pod(ns, gpu_pod("none", "gpu-pascal", 0,
-                                           "echo $NVIDIA_VISIBLE_DEVICES"))
+                                           "echo $GPUPROV_SIM_CONTAINER_GPUS"))
     finished(core, ns, "none")
     assert core.read_namespaced_pod_log("none", ns).strip() == "void"
 
@@ -160,7 +160,7 @@ def test_failing_command_fails_the_pod_with_its_exit_code(core, ns):
 
 
 def _concurrent_pair(core, ns: str, stop: Path) -> tuple[str, str]:
-    hold = f"echo $NVIDIA_VISIBLE_DEVICES; while [ ! -f {stop} ]; do sleep 0.05; done"
+    hold = f"echo $GPUPROV_SIM_CONTAINER_GPUS; while [ ! -f {stop} ]; do sleep 0.05; done"
     for name in ("a", "b"):
         core.create_namespaced_pod(ns, gpu_pod(name, "gpu-pascal", 1, hold))
     seen = running_with_output(core, ns, "a"), running_with_output(core, ns, "b")
@@ -229,7 +229,7 @@ def test_cordoned_node_gets_no_new_pods(core, ns):
 
 def test_job_requesting_a_gpu_completes(emulator, ns):
     batch = client.BatchV1Api(emulator.api)
-    template = gpu_pod("ignored", "gpu-hopper", 1, "echo $NVIDIA_VISIBLE_DEVICES")
+    template = gpu_pod("ignored", "gpu-hopper", 1, "echo $GPUPROV_SIM_CONTAINER_GPUS")
     del template["metadata"]["name"]
     batch.create_namespaced_job(ns, {"metadata": {"name": "smoke"},
                                      "spec": {"backoffLimit": 0, "template": template}})

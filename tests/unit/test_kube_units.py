@@ -119,11 +119,19 @@ def test_lab_backend_reads_the_node_files_and_keeps_them_while_it_is_stopped(tmp
     (root / "usr/bin").mkdir(parents=True)
     (root / "usr/bin/nvidia-container-runtime").write_text("#!/bin/sh\n")
     (root / "usr/bin/nvidia-container-runtime").chmod(0o755)
+    (root / "etc/nvidia-container-runtime").mkdir(parents=True)
+    (root / "etc/nvidia-container-runtime/config.toml").write_text(
+        "#accept-nvidia-visible-devices-as-volume-mounts = false\n"
+        "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n")
     lab = backend.LabBackend(tmp_path)
     roots = [str(root), None]
     monkeypatch.setattr(lab, "_node_root", lambda node: roots.pop(0))
     monkeypatch.setattr(backend, "RUNTIME_CACHE_SECONDS", 0)
-    assert lab.runtime("n1") == backend.RuntimeConfig(frozenset({"nvidia"}), "nvidia")
+    # The toolkit's keys as its config.toml has them; a commented one at NVIDIA's default.
+    toolkit = {"accept-nvidia-visible-devices-envvar-when-unprivileged": False,
+               "accept-nvidia-visible-devices-as-volume-mounts": False}
+    assert lab.runtime("n1") == backend.RuntimeConfig(frozenset({"nvidia"}), "nvidia",
+                                                      toolkit_settings=toolkit)
     assert lab.runtime("n1").handler_is_nvidia(None)  # stopped: the last one stays
     assert roots == []
 

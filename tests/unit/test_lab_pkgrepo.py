@@ -28,19 +28,19 @@ def repo(tmp_path_factory) -> pkgrepo.Repo:
 def test_repository_has_nvidias_layout_and_packages(repo):
     arch = repo.root / "stable" / "deb" / "amd64"
     names = sorted(p.name for p in arch.iterdir())
-    assert names == [
-        "InRelease", "Packages", "Packages.gz", "Release", "Release.gpg",
-        "libnvidia-container-tools_1.17.8-1_amd64.deb",
-        "libnvidia-container1_1.17.8-1_amd64.deb",
-        "nvidia-container-toolkit-base_1.17.8-1_amd64.deb",
-        "nvidia-container-toolkit_1.17.8-1_amd64.deb",
-    ]
+    assert names == ["InRelease", "Packages", "Packages.gz", "Release", "Release.gpg"] + sorted(
+        f"{name}_{version}_amd64.deb" for version in ("1.17.7-1", "1.20.0-1")
+        for name in ("libnvidia-container-tools", "libnvidia-container1",
+                     "nvidia-container-toolkit-base", "nvidia-container-toolkit"))
     text = (arch / "Packages").read_text()
-    stanzas = {s.split("\n", 1)[0].split(": ")[1]: s for s in text.split("\n\n") if s}
-    toolkit = stanzas["nvidia-container-toolkit"]
-    assert "Depends: nvidia-container-toolkit-base (= 1.17.8-1)" in toolkit
+    stanzas = {(s.split("\n", 1)[0].split(": ")[1],
+                next(line for line in s.splitlines() if line.startswith("Version: "))[9:]): s
+               for s in text.split("\n\n") if s}
+    for version in ("1.17.7-1", "1.20.0-1"):
+        toolkit = stanzas[("nvidia-container-toolkit", version)]
+        assert f"Depends: nvidia-container-toolkit-base (= {version})" in toolkit
     contents = subprocess.run(
-        ["dpkg-deb", "--contents", str(arch / "nvidia-container-toolkit-base_1.17.8-1_amd64.deb")],
+        ["dpkg-deb", "--contents", str(arch / "nvidia-container-toolkit-base_1.20.0-1_amd64.deb")],
         capture_output=True, text=True, check=True,
     ).stdout
     assert "-rwxr-xr-x root/root" in contents and "./usr/bin/nvidia-ctk" in contents
@@ -74,7 +74,7 @@ def test_rebuilt_only_when_inputs_change(tmp_path, monkeypatch):
     stamp = first.root / ".inputs"
     mtime = stamp.stat().st_mtime_ns
     assert pkgrepo.build_repo(tmp_path) == first and stamp.stat().st_mtime_ns == mtime
-    monkeypatch.setattr(pkgrepo, "TOOLKIT_VERSION", "1.17.9-1")
+    monkeypatch.setattr(pkgrepo, "TOOLKIT_VERSIONS", ("1.17.9-1",))
     again = pkgrepo.build_repo(tmp_path)
     assert again.fingerprint == first.fingerprint  # the key is kept: nodes keep trusting it
     debs = sorted(p.name for p in (again.root / "stable/deb/amd64").glob("*.deb"))

@@ -42,20 +42,31 @@ def test_defaults_give_runtime_class_and_daemonset():
     assert ds["metadata"]["namespace"] == "kube-system"
     pod = ds["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.17.1"
+    assert container["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["runtimeClassName"] == "nvidia"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"]
     assert {"key": "CriticalAddonsOnly", "operator": "Exists"} in pod["tolerations"]
+    # volume-mounts: CAP_SYS_ADMIN alone, as NVIDIA's chart adds it (requiresCapSysAdmin).
     assert container["securityContext"] == {"allowPrivilegeEscalation": False,
-                                            "capabilities": {"drop": ["ALL"]}}
+                                            "capabilities": {"drop": ["ALL"],
+                                                             "add": ["SYS_ADMIN"]}}
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert env == {"FAIL_ON_INIT_ERROR": "true", "DEVICE_LIST_STRATEGY": "envvar",
+    assert env == {"FAIL_ON_INIT_ERROR": "true", "DEVICE_LIST_STRATEGY": "volume-mounts",
                    "DEVICE_ID_STRATEGY": "uuid", "MIG_STRATEGY": "none"}
     assert pod["volumes"][0]["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
     assert container["volumeMounts"][0]["mountPath"] == "/var/lib/kubelet/device-plugins"
+
+
+def test_envvar_strategy_keeps_every_capability_dropped(tmp_path):
+    path = tmp_path / "values.yml"
+    path.write_text("nvidia_device_plugin_device_list_strategy: envvar\n")
+    ds = by_kind(manifests.device_plugin(path))["DaemonSet"]
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False,
+                                            "capabilities": {"drop": ["ALL"]}}
 
 
 def test_time_slicing_adds_the_config_map_passed_with_config_file(tmp_path):

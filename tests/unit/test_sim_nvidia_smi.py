@@ -28,10 +28,10 @@ def pascal(tmp_path_factory) -> Path:
 
 
 def smi(library: Path, node: Path, *args: str, visible: str | None = None):
-    env = {k: v for k, v in os.environ.items() if k != "NVIDIA_VISIBLE_DEVICES"}
+    env = {k: v for k, v in os.environ.items() if k != "GPUPROV_SIM_CONTAINER_GPUS"}
     env.update(LD_LIBRARY_PATH=str(library.parent), GPUPROV_SIM_DIR=str(node / "sim"))
     if visible is not None:
-        env["NVIDIA_VISIBLE_DEVICES"] = visible
+        env["GPUPROV_SIM_CONTAINER_GPUS"] = visible
     return subprocess.run([sys.executable, str(SMI), *args], env=env, capture_output=True,
                           text=True, timeout=30)
 

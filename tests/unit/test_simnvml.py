@@ -46,7 +46,7 @@ def make_node(tmp_path: Path, profile_name: str, node_name: str | None = None) -
 
 
 def query(library: Path, node_dir: Path, uuids=(), **env: str) -> dict:
-    environ = {k: v for k, v in os.environ.items() if k != "NVIDIA_VISIBLE_DEVICES"}
+    environ = {k: v for k, v in os.environ.items() if k != "GPUPROV_SIM_CONTAINER_GPUS"}
     environ.update(LD_LIBRARY_PATH=str(library.parent), GPUPROV_SIM_DIR=str(node_dir / "sim"))
     environ.update(env)
     proc = subprocess.run(
@@ -274,7 +274,7 @@ def test_clearing_on_a_node_without_gpus_is_refused(tmp_path):
         simhw.clear_fault(node, "hot-gpu")
 
 
-# -- NVIDIA_VISIBLE_DEVICES ------------------------------------------------------------------
+# -- GPUPROV_SIM_CONTAINER_GPUS: the GPUs the lab's runtime gave a container ----------------
 @pytest.mark.parametrize(
     ("visible", "physical"),
     [
@@ -293,7 +293,7 @@ def test_visible_devices(library, tmp_path, visible, physical):
     want = expected(node, "gpu-pascal")
     env = {}
     if visible is not None:
-        env["NVIDIA_VISIBLE_DEVICES"] = ",".join(
+        env["GPUPROV_SIM_CONTAINER_GPUS"] = ",".join(
             want[int(part.split(":")[1])].uuid if part.startswith("uuid:") else part
             for part in visible.split(",")
         ) if visible else ""

@@ -3,32 +3,79 @@ workloads, what the pod checks make of them, and the namespace that never outliv
 
 from __future__ import annotations
 
+import contextlib
+import os
 import stat
-from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client
 
+from gpuprov import manifests
 from gpuprov.lab.kube import faults
-from gpuprov.lab.kube.testing import default_lab_backend, fake_uuids, running_emulator, wait_for
+from gpuprov.lab.kube.backend import FakeBackend, FakeNode, Gpu
+from gpuprov.lab.kube.testing import (
+    NVIDIA_CONTAINERD,
+    SECURE_NVIDIA_CONTAINERD,
+    default_lab_backend,
+    fake_uuids,
+    running_emulator,
+    wait_for,
+)
 from gpuprov.verify import pods
 from gpuprov.verify.checks import pods as pod_checks
 from gpuprov.verify.facts import PodFacts
 from gpuprov.verify.findings import CHECKS
 from gpuprov.verify.inventory import Node
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "kube"
 KINDS = pods.SMOKE_KINDS
-# The fake nodes' commands run on this machine: an `nvidia-smi -L` that lists the GPUs of
-# NVIDIA_VISIBLE_DEVICES, as the toolkit-injected one does in a container given those GPUs.
+# The fake nodes' commands run on this machine: an `nvidia-smi -L` that lists the GPUs the
+# lab's NVIDIA runtime rules gave the container (GPUPROV_SIM_CONTAINER_GPUS), as the
+# toolkit-injected one lists the device nodes a container was given.
 FAKE_NVIDIA_SMI = """#!/bin/sh
-case "$NVIDIA_VISIBLE_DEVICES" in ""|void|none) echo "No devices were found"; exit 6;; esac
+case "$GPUPROV_SIM_CONTAINER_GPUS" in ""|void|none) echo "No devices were found"; exit 6;; esac
 i=0
-for uuid in $(echo "$NVIDIA_VISIBLE_DEVICES" | tr ',' ' '); do
+for uuid in $(echo "$GPUPROV_SIM_CONTAINER_GPUS" | tr ',' ' '); do
   echo "GPU $i: Fake GPU (UUID: $uuid)"; i=$((i+1))
 done
 """
+
+
+@contextlib.contextmanager
+def cluster(backend, state_dir, bindir):
+    """An emulated cluster with gpuprov's own device plugin objects (templates/, the role's
+    defaults: volume-mounts, CAP_SYS_ADMIN), run on every node, registered on the GPU ones."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+        with running_emulator(backend, state_dir) as emu:
+            cfg = client.Configuration()
+            cfg.host = emu.url
+            api_client = client.ApiClient(cfg)
+            values = {**manifests.load_values(), "nvidia_device_plugin_node_selector": {}}
+            for obj in manifests.render(manifests.DEVICE_PLUGIN_TEMPLATE, values):
+                _create(api_client, obj)
+            core = client.CoreV1Api(api_client)
+            wait_for(lambda: all(
+                (n.status.allocatable or {}).get("nvidia.com/gpu") not in (None, "0")
+                for n in core.list_node().items if n.metadata.name != "cpu-only"),
+                "the plugin to register every GPU node")
+            yield api_client
+
+
+def _create(api_client, obj: dict) -> None:
+    if obj["kind"] == "RuntimeClass":
+        client.NodeV1Api(api_client).create_runtime_class(obj)
+    else:
+        client.AppsV1Api(api_client).create_namespaced_daemon_set(
+            obj["metadata"]["namespace"], obj)
+
+
+@pytest.fixture(scope="module")
+def bindir(tmp_path_factory):
+    bindir = tmp_path_factory.mktemp("bin")
+    smi = bindir / "nvidia-smi"
+    smi.write_text(FAKE_NVIDIA_SMI)
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    return bindir
 
 
 @pytest.fixture(scope="module")
@@ -37,29 +84,9 @@ def state_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def api(state_dir, tmp_path_factory):
-    bindir = tmp_path_factory.mktemp("bin")
-    smi = bindir / "nvidia-smi"
-    smi.write_text(FAKE_NVIDIA_SMI)
-    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PATH", f"{bindir}:{__import__('os').environ['PATH']}")
-        with running_emulator(default_lab_backend(), state_dir) as emu:
-            cfg = client.Configuration()
-            cfg.host = emu.url
-            api_client = client.ApiClient(cfg)
-            manifest = yaml.safe_load((FIXTURES / "nvidia-device-plugin.yml").read_text())
-            client.AppsV1Api(api_client).create_namespaced_daemon_set("kube-system", manifest)
-            # What the nvidia_device_plugin role creates next to the plugin.
-            client.NodeV1Api(api_client).create_runtime_class(
-                {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-                 "metadata": {"name": "nvidia"}, "handler": "nvidia"})
-            core = client.CoreV1Api(api_client)
-            wait_for(lambda: all(
-                (n.status.allocatable or {}).get("nvidia.com/gpu") not in (None, "0")
-                for n in core.list_node().items if n.metadata.name != "cpu-only"),
-                "the plugin to register every GPU node")
-            yield api_client
+def api(state_dir, bindir):
+    with cluster(default_lab_backend(SECURE_NVIDIA_CONTAINERD), state_dir, bindir) as api_client:
+        yield api_client
 
 
 def _namespaces(api_client) -> list[str]:
@@ -137,6 +164,30 @@ def test_interrupt_during_the_pod_phase_removes_the_namespace(api, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         pods.run(api, [pods.Target("gpu-hopper", 8, 0)], KINDS, 30, 1)
     assert created and _namespaces(api) == []
+
+
+def test_a_node_whose_toolkit_honours_the_variable_fails_no_request_alone(tmp_path, bindir):
+    """NVIDIA's default config.toml on one node: its unprivileged no-request pod sees every
+    GPU; the secure node beside it passes."""
+    backend = FakeBackend({
+        "secure": FakeNode([Gpu(u) for u in fake_uuids("secure", 2)], SECURE_NVIDIA_CONTAINERD),
+        "open": FakeNode([Gpu(u) for u in fake_uuids("open", 2)], NVIDIA_CONTAINERD),
+    })
+    with cluster(backend, tmp_path, bindir) as api_client:
+        targets = [pods.Target("secure", 2, 0), pods.Target("open", 2, 0)]
+        runs = pods.run(api_client, targets, ["no-request"], timeout=30, concurrency=2)
+    secure = pod_checks.no_request(_facts("secure", runs["secure"], 2))
+    assert secure.status == "pass", secure.message
+    leak = pod_checks.no_request(_facts("open", runs["open"], 2))
+    assert leak.status == "problem"
+    assert leak.message.startswith("a pod that requested no GPU saw 2 GPU(s)")
+    assert "accept-nvidia-visible-devices-envvar-when-unprivileged" in leak.message
+
+
+def test_no_request_verdicts():
+    unfinished = pods.SmokeRun("no-request", 0, (_pod("p", "Timeout", message="Pending"),))
+    result = pod_checks.no_request(_facts("gpu-pascal", {"no-request": unfinished}, 4))
+    assert result.status == "problem" and "did not finish in time" in result.message
 
 
 def test_busy_node_is_not_disturbed():

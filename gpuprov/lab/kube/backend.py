@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -43,11 +43,14 @@ class NodeSpec:
 @dataclass(frozen=True)
 class RuntimeConfig:
     """What the node's container runtime can run: handler names whose runtime is NVIDIA's,
-    and the handler used when a pod names no RuntimeClass."""
+    the handler used when a pod names no RuntimeClass, and the NVIDIA toolkit's settings
+    that decide which GPU requests its runtime honours (its config.toml, as the probe reads
+    it; absent keys at the toolkit's defaults)."""
 
     nvidia_handlers: frozenset[str] = frozenset()
     default_handler: str = "runc"
     runtime: str = "containerd"
+    toolkit_settings: Mapping[str, bool] = field(default_factory=dict)
 
     def handler_is_nvidia(self, handler: str | None) -> bool:
         return (handler or self.default_handler) in self.nvidia_handlers
@@ -160,14 +163,16 @@ def runtime_from_probe(report: dict) -> RuntimeConfig:
     configured on the node (containerd, then CRI-O, then Docker)."""
     section = report.get("container_runtime") or {}
     binaries = section.get("binaries") or {}
+    settings = dict((section.get("toolkit_config") or {}).get("settings") or {})
     for key, runtime, default in _RUNTIME_SECTIONS:
         found = section.get(key) or {}
         if not found.get("present"):
             continue
         handlers = frozenset(name for name, spec in (found.get("runtimes") or {}).items()
                              if _runs_nvidia((spec or {}).get("binary"), binaries))
-        return RuntimeConfig(handlers, found.get("default_runtime_name") or default, runtime)
-    return RuntimeConfig()
+        return RuntimeConfig(handlers, found.get("default_runtime_name") or default, runtime,
+                             settings)
+    return RuntimeConfig(toolkit_settings=settings)
 
 
 # -- the fake backend (unit tests) --------------------------------------------------------------
@@ -228,6 +233,10 @@ KILL_GRACE_SECONDS = 2.0
 # `podman exec` (the lab's image sets no other).
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root"}
+# The variable the lab's simulated NVML reads for the GPUs a container was given (SIMULATION.md):
+# set by the emulated kubelet from NVIDIA's runtime rules (gpuprov/lab/toolkit_rules.py), in
+# place of the /dev/nvidia<N> device nodes the real runtime would give the container.
+CONTAINER_GPUS_ENV = "GPUPROV_SIM_CONTAINER_GPUS"
 # A GPU pod's PATH in a lab node: the simulated nvidia-smi (gpuprov/lab/image/nvidia-smi, the
 # one the container toolkit would inject) before the node's own, which would be Debian's real
 # nvidia-smi once the driver is installed, and which cannot talk to the simulated NVML.
@@ -276,7 +285,7 @@ class LabBackend:
         cached = self._gpu_cache.get(node)
         if cached and cached[0] == signature:
             return cached[1]
-        env = {k: v for k, v in os.environ.items() if k != "NVIDIA_VISIBLE_DEVICES"}
+        env = {k: v for k, v in os.environ.items() if k != CONTAINER_GPUS_ENV}
         env["GPUPROV_SIM_DIR"] = str(sim)
         env["LD_LIBRARY_PATH"] = str(self.lab_dir / "nvml")
         proc = subprocess.run([sys.executable, "-c", _NVML_SCRIPT], env=env,
@@ -349,7 +358,7 @@ class LabBackend:
         is not running gets `podman exec`, which fails as a real runtime would."""
         from gpuprov.lab import podman
 
-        if env.get("NVIDIA_VISIBLE_DEVICES", "void") not in ("void", "none", ""):
+        if env.get(CONTAINER_GPUS_ENV, "void") not in ("void", "none", ""):
             # What NVIDIA's runtime does to a GPU container: its nvidia-smi is there to run.
             env = {"PATH": SIM_PATH, **env}
         pid = self._init_pid(node)

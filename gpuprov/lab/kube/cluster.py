@@ -18,8 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuprov.lab.kube import faults, selectors
-from gpuprov.lab.kube.backend import Gpu, NodeBackend, NodeSpec, Process, host_kernel
+from gpuprov.lab import toolkit_rules
+from gpuprov.lab.kube import deviceplugin, faults, selectors
+from gpuprov.lab.kube.backend import (
+    CONTAINER_GPUS_ENV,
+    Gpu,
+    NodeBackend,
+    NodeSpec,
+    Process,
+    host_kernel,
+)
 from gpuprov.lab.kube.errors import ApiError
 from gpuprov.lab.kube.registry import (
     BUILTIN_PRIORITY_CLASSES,
@@ -44,6 +52,9 @@ TICK_SECONDS = 0.5
 # How NVIDIA's device plugin is recognised: its container image (nvcr.io/nvidia/k8s-device-
 # plugin:<version> upstream; mirrors keep the repository name).
 DEVICE_PLUGIN_IMAGE = "k8s-device-plugin"
+# The environment NVIDIA's device plugin image sets (NVIDIA/k8s-device-plugin
+# deployments/container/Dockerfile): the plugin asks NVIDIA's runtime for every GPU.
+DEVICE_PLUGIN_IMAGE_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
 NOT_READY_TAINT = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
 UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 # Tolerations the DaemonSet controller adds to every daemon pod.
@@ -63,6 +74,11 @@ BACKOFF_FIRST, BACKOFF_MAX = 1.0, 10.0
 def is_device_plugin(pod: dict) -> bool:
     return any(DEVICE_PLUGIN_IMAGE in str(c.get("image", ""))
                for c in pod["spec"].get("containers") or [])
+
+
+def _requests_gpu(container: dict) -> bool:
+    limits = (container.get("resources") or {}).get("limits") or {}
+    return int(str(limits.get(GPU, 0))) > 0
 
 
 def owned_by(obj: dict, uid: str) -> bool:
@@ -232,16 +248,29 @@ class Kubelet:
         if is_device_plugin(pod):
             run.simulated = True
             return run
-        handler = self._runtime_handler(spec)
         runtime = self.backend.runtime(self.name)
-        visible = ",".join(gpus) if gpus and runtime.handler_is_nvidia(handler) else "void"
+        nvidia = runtime.handler_is_nvidia(self._runtime_handler(spec))
+        answer = self._plugin_allocate(gpus) if gpus else None
+        if isinstance(answer, str):
+            self._fail(pod, "UnexpectedAdmissionError", answer)
+            return None
+        node_gpus = [g.uuid for g in self.cluster.gpus_of(self.name)]
         for c in spec.get("containers") or []:
             argv = list(c.get("command") or []) + list(c.get("args") or [])
-            env = {"HOSTNAME": meta["name"], "NVIDIA_VISIBLE_DEVICES": visible}
-            for item in c.get("env") or []:
-                env[item["name"]] = self._env_value(pod, item)
-            if gpus and runtime.handler_is_nvidia(handler):
-                env["NVIDIA_VISIBLE_DEVICES"] = visible
+            container = self.container_view(pod, c)
+            if answer is not None and _requests_gpu(c):
+                # The kubelet adds the plugin's answer to the container's own settings;
+                # its environment variables come last and win.
+                container = toolkit_rules.Container(
+                    {**container.env, **answer.envs}, answer.mounts, container.privileged,
+                    answer.annotations, answer.cdi_devices)
+            try:
+                seen = toolkit_rules.container_gpus(container, runtime.toolkit_settings,
+                                                    node_gpus, nvidia)
+            except toolkit_rules.UnknownDevice as exc:
+                run.failed_to_start = f"NVIDIA's runtime refused container {c['name']!r}: {exc}"
+                seen = []
+            env = {**container.env, CONTAINER_GPUS_ENV: ",".join(seen) or "void"}
             run.containers.append(ContainerRun(c["name"], argv, env))
         missing = [c.name for c in run.containers if not c.argv]
         if missing:
@@ -249,6 +278,31 @@ class Kubelet:
                 f"the lab does not pull images: container {missing[0]!r} needs a command to "
                 "run in the node")
         return run
+
+    def container_view(self, pod: dict, c: dict) -> toolkit_rules.Container:
+        """What NVIDIA's runtime sees of a container before any device is allocated: its
+        environment (the image's, where the lab knows it, then the pod's) and privilege."""
+        env = {"HOSTNAME": pod["metadata"]["name"]}
+        if is_device_plugin(pod):
+            env.update(DEVICE_PLUGIN_IMAGE_ENV)
+        for item in c.get("env") or []:
+            env[item["name"]] = self._env_value(pod, item)
+        context = {**(pod["spec"].get("securityContext") or {}), **(c.get("securityContext") or {})}
+        return toolkit_rules.Container(env, privileged=toolkit_rules.is_privileged(context))
+
+    def _plugin_allocate(self, gpus: list[str]) -> deviceplugin.AllocateResponse | str:
+        """The node's device plugin's Allocate answer for these GPUs, or why it failed."""
+        pods = self.cluster.registry.list(PODS, field_selector=f"spec.nodeName={self.name}")[0]
+        plugin = next((p for p in pods if is_device_plugin(p)
+                       and not p["metadata"].get("deletionTimestamp")), None)
+        if plugin is None:
+            return "no device plugin runs on the node"
+        try:
+            settings = deviceplugin.settings_from_pod(plugin)
+        except deviceplugin.AllocateError as exc:
+            return f"device plugin: {exc}"
+        return deviceplugin.allocate(settings, gpus, [g.uuid for g in
+                                                      self.cluster.gpus_of(self.name)])
 
     def _runtime_handler(self, spec: dict) -> str | None:
         name = spec.get("runtimeClassName")
@@ -595,13 +649,21 @@ class Cluster:
             return False
         kubelet = self.kubelets[node]
         runtime = self.backend.runtime(node)
+        node_gpus = [g.uuid for g in self.gpus_of(node)]
         for pod in pods:
             if (is_device_plugin(pod) and pod["spec"].get("nodeName") == node
                     and pod.get("status", {}).get("phase") == "Running"
                     and not pod["metadata"].get("deletionTimestamp")
                     and runtime.handler_is_nvidia(kubelet._runtime_handler(pod["spec"]))):
-                # A plugin that finds no GPU, or cannot initialise NVML, registers nothing.
-                return bool(self.gpus_of(node))
+                # The plugin sees the GPUs NVIDIA's runtime gives its container (its image asks
+                # for all of them by NVIDIA_VISIBLE_DEVICES); one that finds no GPU, or cannot
+                # initialise NVML, registers nothing.
+                container = kubelet.container_view(pod, pod["spec"]["containers"][0])
+                try:
+                    return bool(toolkit_rules.container_gpus(
+                        container, runtime.toolkit_settings, node_gpus, True))
+                except toolkit_rules.UnknownDevice:
+                    return False
         return False
 
     def _nodes(self) -> None:

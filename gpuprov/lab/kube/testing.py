@@ -15,6 +15,12 @@ T = TypeVar("T")
 
 NVIDIA_CONTAINERD = RuntimeConfig(frozenset({"nvidia"}), "nvidia")
 PLAIN_CONTAINERD = RuntimeConfig()
+# The toolkit's config.toml as the nvidia_container_toolkit role writes it: no GPU from
+# NVIDIA_VISIBLE_DEVICES of an unprivileged container, the device list from volume mounts.
+SECURE_TOOLKIT = {"accept-nvidia-visible-devices-envvar-when-unprivileged": False,
+                  "accept-nvidia-visible-devices-as-volume-mounts": True}
+SECURE_NVIDIA_CONTAINERD = RuntimeConfig(frozenset({"nvidia"}), "nvidia",
+                                         toolkit_settings=SECURE_TOOLKIT)
 
 
 def fake_uuids(node: str, count: int) -> list[str]:
@@ -23,15 +29,13 @@ def fake_uuids(node: str, count: int) -> list[str]:
     return [f"GPU-{digest:04x}{i:04x}-0000-4000-8000-{i:012x}" for i in range(count)]
 
 
-def default_lab_backend() -> FakeBackend:
-    """The default lab's shape: three GPU nodes with the NVIDIA runtime, one CPU node."""
+def default_lab_backend(runtime: RuntimeConfig = NVIDIA_CONTAINERD) -> FakeBackend:
+    """The default lab's shape: three GPU nodes with the NVIDIA runtime (`runtime`), one
+    CPU node."""
     return FakeBackend({
-        "gpu-kepler": FakeNode([Gpu(u) for u in fake_uuids("gpu-kepler", 2)],
-                               NVIDIA_CONTAINERD),
-        "gpu-pascal": FakeNode([Gpu(u) for u in fake_uuids("gpu-pascal", 4)],
-                               NVIDIA_CONTAINERD),
-        "gpu-hopper": FakeNode([Gpu(u) for u in fake_uuids("gpu-hopper", 8)],
-                               NVIDIA_CONTAINERD),
+        "gpu-kepler": FakeNode([Gpu(u) for u in fake_uuids("gpu-kepler", 2)], runtime),
+        "gpu-pascal": FakeNode([Gpu(u) for u in fake_uuids("gpu-pascal", 4)], runtime),
+        "gpu-hopper": FakeNode([Gpu(u) for u in fake_uuids("gpu-hopper", 8)], runtime),
         "cpu-only": FakeNode([], PLAIN_CONTAINERD),
     })
 

@@ -12,8 +12,11 @@
  *              NVML index order (written by gpuprov/lab/simhw.py; keys listed in GLOBAL_KEYS
  *              and parse_gpu_key below). No nvml.conf: nvmlInit says the driver is not loaded.
  *   faults     one "name [gpu-index]" per line (registry: gpuprov/lab/faults.py).
- * Environment: NVIDIA_VISIBLE_DEVICES filters and re-indexes GPUs as a container given
- * those GPUs by the NVIDIA container toolkit would see them.
+ * Environment: GPUPROV_SIM_CONTAINER_GPUS filters and re-indexes GPUs as a container given
+ * those GPUs by NVIDIA's container runtime would see them. The lab's kubelet sets it from
+ * NVIDIA's rules (gpuprov/lab/toolkit_rules.py), standing in for the /dev/nvidia<N> device
+ * nodes the real runtime mounts: a container's own NVIDIA_VISIBLE_DEVICES is only a request,
+ * which the runtime may refuse, so the library does not read it.
  *
  * Build: gcc -shared -fPIC -O2 -Wall -Wextra -Werror -Wl,-soname,libnvidia-ml.so.1
  */
@@ -148,7 +151,7 @@ struct sim_gpu {
     struct sim_proc procs[MAX_PROCS];
     /* faults */
     int lost, ecc_uncorrectable, remap_pending, hot;
-    /* NVIDIA_VISIBLE_DEVICES */
+    /* GPUPROV_SIM_CONTAINER_GPUS */
     int visible;
     unsigned int visible_index;
 };
@@ -566,12 +569,12 @@ static int persistence_enabled(const struct sim_state *st)
     return pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM);
 }
 
-/* NVIDIA_VISIBLE_DEVICES as the container toolkit reads it: unset or "all": every GPU;
+/* GPUPROV_SIM_CONTAINER_GPUS, the GPUs a container was given: unset (the host) or "all": every GPU;
  * "", "none" or "void": none; else a comma list of indices or UUIDs. The GPUs keep PCI
  * order and are re-indexed from 0. Entries that match no GPU are ignored. */
 static void apply_visible_devices(struct sim_state *st)
 {
-    const char *env = getenv("NVIDIA_VISIBLE_DEVICES");
+    const char *env = getenv("GPUPROV_SIM_CONTAINER_GPUS");
     char list[1024];
     char *save = NULL;
     int all = !env || !strcmp(env, "all");

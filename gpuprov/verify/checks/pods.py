@@ -132,6 +132,38 @@ def batch_job(facts: PodFacts) -> Verdict:
     return passed("Job completed on 1 GPU of this node", **details)
 
 
+@check(
+    "pods.no-request",
+    phase="pod",
+    severity="error",
+    description="an unprivileged pod that requests no GPU but sets NVIDIA_VISIBLE_DEVICES=all "
+    "(as CUDA images do), run with the NVIDIA RuntimeClass, sees no GPU",
+    remediation="set accept-nvidia-visible-devices-envvar-when-unprivileged = false and "
+    "accept-nvidia-visible-devices-as-volume-mounts = true in the node's "
+    "/etc/nvidia-container-runtime/config.toml, with the device plugin's volume-mounts "
+    "strategy (the nvidia_container_toolkit and nvidia_device_plugin roles' defaults: "
+    "ansible-playbook site.yml --limit NODE)",
+)
+def no_request(facts: PodFacts) -> Verdict:
+    run, reason = _run_or_reason(facts, "no-request")
+    if reason:
+        return reason
+    (pod,) = run.pods or (None,)
+    if pod is None:
+        return problem("the no-request pod was not created")
+    seen = list(pod.uuids)
+    details = {"seen": seen, "pod": pod.name}
+    if seen:
+        return problem(f"a pod that requested no GPU saw {len(seen)} GPU(s) by setting "
+                       "NVIDIA_VISIBLE_DEVICES=all: the node's toolkit honours the variable "
+                       "from unprivileged containers "
+                       "(accept-nvidia-visible-devices-envvar-when-unprivileged)", **details)
+    if pod.phase != "Succeeded":
+        return problem(_not_finished(pod), **details)
+    return passed("a pod that requested no GPU (NVIDIA_VISIBLE_DEVICES=all) saw none",
+                  **details)
+
+
 def image_cuda_version(image: str) -> tuple[int, int] | None:
     name, _, tag = image.split("@", 1)[0].rpartition(":")
     if not name or "/" in tag:  # no tag ("registry:5000/cuda" splits at the port)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuprov import toolkit_advisories as advisories
 from gpuprov.verify.facts import NodeFacts
 from gpuprov.verify.findings import Verdict, check, passed, problem
 
@@ -36,3 +37,42 @@ def nvidia_runtime(facts: NodeFacts) -> Verdict:
     return passed(f"nvidia runtime in {', '.join(with_nvidia)}"
                   + (f" (default in {', '.join(default)})" if default else
                      " (through a RuntimeClass)"), runtimes=details, binary=binary)
+
+
+# The toolkit's packages, as NVIDIA splits them (since 1.11); the lowest installed version is
+# the one a container meets (the hook, the runtime and the CLI each run at container start).
+TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
+                    "libnvidia-container-tools", "libnvidia-container1")
+
+
+@check(
+    "runtime.toolkit-version",
+    phase="node",
+    severity="error",
+    description="NVIDIA's container toolkit is installed at a version with no known CVE "
+    "(gpuprov/toolkit_advisories.py, each with NVIDIA's bulletin)",
+    remediation="re-run the nvidia_container_toolkit role (ansible-playbook site.yml --limit "
+    "NODE): it installs nvidia_container_toolkit_version and holds it",
+)
+def toolkit_version(facts: NodeFacts) -> Verdict:
+    packages = (facts.report.get("packages") or {}).get("driver") or []
+    installed = {p["name"]: p.get("version") for p in packages
+                 if p.get("name") in TOOLKIT_PACKAGES and p.get("state") == "installed"}
+    if not installed:
+        return problem("nvidia-container-toolkit is not installed (no package)",
+                       minimum=advisories.minimum_safe())
+    versions = {name: version for name, version in installed.items()
+                if advisories.upstream(version) is not None}
+    if not versions:
+        return problem(f"cannot read the toolkit's version: {installed}")
+    name, version = min(versions.items(), key=lambda item: advisories.upstream(item[1]))
+    found = advisories.vulnerabilities(version)
+    details = {"packages": installed, "minimum": advisories.minimum_safe()}
+    if found:
+        ids = ", ".join(a.cve for a in found)
+        return problem(f"{name} {version} has known vulnerabilities: {ids}; install "
+                       f"{advisories.minimum_safe()} or later",
+                       cves=[{"cve": a.cve, "fixed_in": a.fixed_in, "severity": a.severity,
+                              "advisory": a.url} for a in found], **details)
+    return passed(f"toolkit {version}, no known CVE (table: {len(advisories.ADVISORIES)} "
+                  "advisories)", **details)

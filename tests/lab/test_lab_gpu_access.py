@@ -1,0 +1,90 @@
+"""Who gets GPUs on the lab after site.yml (issue 16): the toolkit's config.toml as the role
+merges it, no GPU for a pod that did not ask (pods.no-request), the toolkit at a version with
+no known CVE (runtime.toolkit-version), and a plain rerun of site.yml repairing both on the
+node that drifted while changing nothing on a node that did not."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import installed_packages, playbook_failures, run_playbook
+
+from gpuprov.lab import pkgrepo
+
+TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
+                    "libnvidia-container-tools", "libnvidia-container1")
+OLD = "1.17.7-1"  # served by the lab's repository next to the pin; has known CVEs
+CONFIG = "/etc/nvidia-container-runtime/config.toml"
+ENVVAR_KEY = "accept-nvidia-visible-devices-envvar-when-unprivileged"
+MOUNTS_KEY = "accept-nvidia-visible-devices-as-volume-mounts"
+
+
+@pytest.fixture(scope="module")
+def converged(site_run):
+    rc, doc = site_run
+    assert rc == 0, playbook_failures(doc)
+
+
+def verify(lab, *argv: str) -> tuple[int, dict]:
+    proc = subprocess.run([sys.executable, "-m", "gpuprov", "verify", "-i",
+                           str(lab.inventory_path), "--json", *argv],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.stdout.strip(), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def results(doc: dict, check: str) -> dict[str, dict]:
+    return {r["node"]: r for r in doc["results"] if r["check"] == check}
+
+
+@pytest.mark.parametrize("name", ["gpu-kepler", "gpu-pascal", "gpu-hopper"])
+def test_toolkit_is_pinned_held_and_refuses_the_variable(converged, node_connection, name):
+    conn = node_connection(name)
+    packages = installed_packages(conn)
+    assert {p: packages[p] for p in TOOLKIT_PACKAGES} == \
+        dict.fromkeys(TOOLKIT_PACKAGES, (pkgrepo.TOOLKIT_VERSION, "hold"))
+    text = conn.run(f"cat {CONFIG}", hide=True, in_stream=False).stdout
+    lines = text.splitlines()
+    assert f"{ENVVAR_KEY} = false" in lines and f"{MOUNTS_KEY} = true" in lines
+    # The package's own settings are still there (merged, not replaced).
+    assert '[nvidia-container-runtime]' in lines and 'mode = "auto"' in lines
+    backups = conn.run(f"ls {CONFIG}.*~", hide=True, in_stream=False, warn=True).stdout
+    assert backups.strip(), "the role changed the package's config.toml without a backup"
+
+
+def test_drifted_nodes_fail_their_check_alone_and_a_rerun_repairs_them(lab, converged,
+                                                                      node_connection):
+    pascal, hopper = node_connection("gpu-pascal"), node_connection("gpu-hopper")
+    # NVIDIA's default put back on one node; an old, vulnerable toolkit on another.
+    pascal.run(f"sed -i 's/^{ENVVAR_KEY} = false/{ENVVAR_KEY} = true/' {CONFIG}",
+               hide=True, in_stream=False)
+    hopper.run("apt-get install -y -q --allow-downgrades --allow-change-held-packages "
+               "-o Dpkg::Options::=--force-confold "
+               + " ".join(f"{p}={OLD}" for p in TOOLKIT_PACKAGES), hide=True, in_stream=False)
+    assert installed_packages(hopper)["nvidia-container-toolkit"][0] == OLD
+
+    rc, doc = verify(lab, "--checks", "runtime,pods.no-request")
+    assert rc == 1
+    failed = {(r["node"], r["check"]) for r in doc["results"] if r["status"] == "fail"}
+    assert failed == {("gpu-pascal", "pods.no-request"), ("gpu-hopper", "runtime.toolkit-version")}
+    leak = results(doc, "pods.no-request")["gpu-pascal"]
+    assert leak["message"].startswith("a pod that requested no GPU saw 4 GPU(s)")
+    assert ENVVAR_KEY in leak["message"]
+    old = results(doc, "runtime.toolkit-version")["gpu-hopper"]
+    assert {"CVE-2025-23266", "CVE-2025-23267"} <= {c["cve"] for c in old["details"]["cves"]}
+    assert "CVE-2025-23266" in old["message"] and "install 1.19.1 or later" in old["message"]
+
+    rc, run = run_playbook(lab, "site.yml")
+    assert rc == 0, playbook_failures(run)
+    changed = {host: stats["changed"] for host, stats in run["stats"].items()}
+    assert changed["gpu-kepler"] == 0 and changed["cpu-only"] == 0, changed
+    assert changed["gpu-pascal"] > 0 and changed["gpu-hopper"] > 0, changed
+    assert f"{ENVVAR_KEY} = false" in pascal.run(f"cat {CONFIG}", hide=True,
+                                                 in_stream=False).stdout.splitlines()
+    assert installed_packages(hopper)["nvidia-container-toolkit"] == \
+        (pkgrepo.TOOLKIT_VERSION, "hold")
+    rc, doc = verify(lab, "--checks", "runtime,pods.no-request")
+    assert rc == 0, [r for r in doc["results"] if r["status"] == "fail"]

@@ -1,0 +1,131 @@
+"""The lab's NVIDIA runtime rules (gpuprov/lab/toolkit_rules.py) and the emulated device
+plugin's Allocate (gpuprov/lab/kube/deviceplugin.py): each device list strategy gives a
+container exactly its GPUs, by UUID, under the toolkit settings that strategy needs; an
+unprivileged container that asks by environment only gets nothing under the secure settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuprov.lab import toolkit_rules as rules
+from gpuprov.lab.kube import deviceplugin as dp
+
+NODE = [f"GPU-{i:08x}-0000-4000-8000-000000000000" for i in range(4)]
+DEFAULTS: dict = {}  # the toolkit's defaults: envvar accepted, mounts not
+SECURE = {rules.ENVVAR_UNPRIVILEGED: False, rules.AS_VOLUME_MOUNTS: True}
+
+
+def plugin_pod(strategy: str, id_strategy: str = "uuid") -> dict:
+    env = [{"name": "DEVICE_LIST_STRATEGY", "value": strategy},
+           {"name": "DEVICE_ID_STRATEGY", "value": id_strategy}]
+    return {"spec": {"containers": [{"name": "p", "env": env}]}}
+
+
+def allocated_container(strategy: str, gpus: list[str], id_strategy: str = "uuid",
+                        env: dict | None = None) -> rules.Container:
+    answer = dp.allocate(dp.settings_from_pod(plugin_pod(strategy, id_strategy)), gpus, NODE)
+    return rules.Container({**(env or {}), **answer.envs}, answer.mounts, False,
+                           answer.annotations, answer.cdi_devices)
+
+
+@pytest.mark.parametrize(("strategy", "settings"), [
+    ("envvar", DEFAULTS),
+    ("volume-mounts", SECURE),
+    ("cdi-cri", SECURE),
+    ("cdi-annotations", SECURE),
+    ("envvar,volume-mounts", SECURE),
+])
+@pytest.mark.parametrize("id_strategy", ["uuid", "index"])
+def test_each_strategy_gives_exactly_the_allocated_gpus(strategy, settings, id_strategy):
+    want = [NODE[3], NODE[1]]
+    container = allocated_container(strategy, want, id_strategy)
+    assert rules.container_gpus(container, settings, NODE, nvidia_runtime=True) == \
+        [NODE[1], NODE[3]]
+
+
+def test_envvar_strategy_under_the_secure_settings_gives_nothing():
+    """Why the secure settings need the volume-mounts strategy: the plugin's variable is an
+    unprivileged container's request, which the runtime then ignores."""
+    container = allocated_container("envvar", [NODE[0]])
+    assert rules.container_gpus(container, SECURE, NODE, nvidia_runtime=True) == []
+
+
+def test_volume_mounts_on_a_toolkit_that_does_not_accept_them_fails_the_container():
+    container = allocated_container("volume-mounts", [NODE[0]])
+    with pytest.raises(rules.UnknownDevice, match="nvidia-container-devices: unknown device"):
+        rules.container_gpus(container, DEFAULTS, NODE, nvidia_runtime=True)
+
+
+@pytest.mark.parametrize(("settings", "privileged", "seen"), [
+    (DEFAULTS, False, NODE),  # the leak: every GPU, no request
+    (SECURE, False, []),
+    (SECURE, True, NODE),  # privileged containers keep the variable (the plugin itself)
+    ({rules.ENVVAR_UNPRIVILEGED: False}, False, []),
+])
+def test_no_request_pod_asking_by_environment(settings, privileged, seen):
+    container = rules.Container({"NVIDIA_VISIBLE_DEVICES": "all"}, privileged=privileged)
+    assert rules.container_gpus(container, settings, NODE, nvidia_runtime=True) == seen
+
+
+def test_plain_runc_gives_no_gpu_whatever_the_environment():
+    container = rules.Container({"NVIDIA_VISIBLE_DEVICES": "all"}, privileged=True)
+    assert rules.container_gpus(container, DEFAULTS, NODE, nvidia_runtime=False) == []
+
+
+def test_volume_mount_requests_win_over_the_variable():
+    container = allocated_container("volume-mounts", [NODE[2]],
+                                    env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    assert rules.container_gpus(container, SECURE, NODE, nvidia_runtime=True) == [NODE[2]]
+
+
+@pytest.mark.parametrize(("value", "want"), [
+    (None, None), ("", None), ("void", None), ("0,void", None), ("none", []),
+    ("all", ["all"]), ("0,all", ["all"]), ("1, 0,1", ["1", "0"]), ("none,2", []),
+])
+def test_visible_devices_variable(value, want):
+    env = {} if value is None else {"NVIDIA_VISIBLE_DEVICES": value}
+    assert rules.devices_from_envvar(env) == want
+
+
+def test_legacy_cuda_image_without_the_variable_asks_for_all():
+    assert rules.devices_from_envvar({"CUDA_VERSION": "11.0"}) == ["all"]
+    assert rules.devices_from_envvar({"CUDA_VERSION": "11.0",
+                                      "NVIDIA_REQUIRE_CUDA": "cuda>=11.0"}) is None
+
+
+def test_only_dev_null_mounts_under_the_root_count():
+    mounts = [rules.Mount("/dev/null", "/var/run/nvidia-container-devices/GPU-a"),
+              rules.Mount("/etc/passwd", "/var/run/nvidia-container-devices/GPU-b"),
+              rules.Mount("/dev/null", "/var/run/other/GPU-c"),
+              rules.Mount("/dev/null", "/var/run/nvidia-container-devices/")]
+    assert rules.devices_from_mounts(mounts) == ["GPU-a"]
+
+
+@pytest.mark.parametrize(("context", "privileged"), [
+    ({}, False),
+    ({"privileged": True}, True),
+    ({"capabilities": {"add": ["SYS_ADMIN"]}}, True),
+    ({"capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}}, True),
+    ({"capabilities": {"drop": ["ALL"]}}, False),
+])
+def test_privileged_means_cap_sys_admin(context, privileged):
+    assert rules.is_privileged(context) is privileged
+
+
+def test_cdi_strategies_name_the_plugins_own_kind_and_set_no_variable():
+    answer = dp.allocate(dp.Settings(("cdi-cri",), "uuid"), [NODE[0]], NODE)
+    assert answer.cdi_devices == (f"k8s.device-plugin.nvidia.com/gpu={NODE[0]}",)
+    assert not answer.envs and not answer.mounts
+    annotated = dp.allocate(dp.Settings(("cdi-annotations",), "index"), [NODE[2]], NODE)
+    (key, value), = annotated.annotations.items()
+    assert key.startswith("cdi.k8s.io/nvidia-device-plugin_")
+    assert value == "k8s.device-plugin.nvidia.com/gpu=2"
+
+
+@pytest.mark.parametrize("env", [{"DEVICE_LIST_STRATEGY": "bogus"},
+                                 {"DEVICE_ID_STRATEGY": "serial"}])
+def test_settings_the_plugin_refuses(env):
+    pod = {"spec": {"containers": [{"name": "p", "env": [{"name": k, "value": v}
+                                                         for k, v in env.items()]}]}}
+    with pytest.raises(dp.AllocateError):
+        dp.settings_from_pod(pod)
