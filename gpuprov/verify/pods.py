@@ -225,11 +225,16 @@ class NodeRunner:
             return SmokeRun("gpu-count", n, skipped=(
                 f"{self.target.allocated} of {n} GPUs are in use by pods: a pod asking for "
                 "all of them would wait; run verify on an idle node"))
-        self._create_pod(f"{self.prefix}-all", "gpu-count", n, manifests.SMOKE_COMMAND)
-        pods = self._wait("gpu-count", 1, lambda ps: all(
+        return self._one_pod("gpu-count", f"{self.prefix}-all", n, manifests.SMOKE_COMMAND)
+
+    def _one_pod(self, kind: str, name: str, gpus: int, command: Sequence[str],
+                 visible_devices: str | None = None) -> SmokeRun:
+        """One pod of this kind, run to its end (or the timeout)."""
+        self._create_pod(name, kind, gpus, command, visible_devices)
+        pods = self._wait(kind, 1, lambda ps: all(
             _pod_state(p)[0] in ("Succeeded", "Failed") for p in ps))
         timed_out = not pods or _pod_state(pods[0])[0] not in ("Succeeded", "Failed")
-        return SmokeRun("gpu-count", n, self._records(pods, timed_out))
+        return SmokeRun(kind, gpus, self._records(pods, timed_out))
 
     def isolation(self) -> SmokeRun:
         free = self.target.allocatable - self.target.allocated
@@ -304,12 +309,8 @@ class NodeRunner:
                         completed=completed)
 
     def no_request(self) -> SmokeRun:
-        self._create_pod(f"{self.prefix}-no-request", "no-request", 0, NO_REQUEST_COMMAND,
-                         visible_devices="all")
-        pods = self._wait("no-request", 1, lambda ps: all(
-            _pod_state(p)[0] in ("Succeeded", "Failed") for p in ps))
-        timed_out = not pods or _pod_state(pods[0])[0] not in ("Succeeded", "Failed")
-        return SmokeRun("no-request", 0, self._records(pods, timed_out))
+        return self._one_pod("no-request", f"{self.prefix}-no-request", 0, NO_REQUEST_COMMAND,
+                             visible_devices="all")
 
     def run(self, kinds: Sequence[str]) -> dict[str, SmokeRun]:
         runs: dict[str, SmokeRun] = {}

@@ -56,7 +56,8 @@ def test_a_pod_runs_inside_its_node_container_and_sees_no_gpu(core):
             "restartPolicy": "Never",
             "containers": [{
                 "name": "main", "image": "debian:bookworm",
-                "command": ["sh", "-c", "hostname; echo visible=$NVIDIA_VISIBLE_DEVICES"],
+                # The GPUs the lab's runtime gave the container (in place of device nodes).
+                "command": ["sh", "-c", "hostname; echo given=$GPUPROV_SIM_CONTAINER_GPUS"],
             }],
         },
     })
@@ -68,7 +69,7 @@ def test_a_pod_runs_inside_its_node_container_and_sees_no_gpu(core):
         )
         log = core.read_namespaced_pod_log(name, "default")
         assert phase == "Succeeded", log
-        assert log.split() == ["gpu-pascal", "visible=void"]
+        assert log.split() == ["gpu-pascal", "given=void"]
     finally:
         core.delete_namespaced_pod(name, "default")
 

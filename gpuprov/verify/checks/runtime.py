@@ -34,9 +34,12 @@ def nvidia_runtime(facts: NodeFacts) -> Verdict:
         return problem("nvidia runtime configured but nvidia-container-runtime is not "
                        "installed", runtimes=details)
     default = [n for n in with_nvidia if present[n].get("default_is_nvidia")]
+    # Who gets GPUs through that runtime (judged by pods.no-request): for the report.
+    toolkit = (runtime.get("toolkit_config") or {}).get("settings")
     return passed(f"nvidia runtime in {', '.join(with_nvidia)}"
                   + (f" (default in {', '.join(default)})" if default else
-                     " (through a RuntimeClass)"), runtimes=details, binary=binary)
+                     " (through a RuntimeClass)"), runtimes=details, binary=binary,
+                  toolkit_settings=toolkit)
 
 
 # The toolkit's packages, as NVIDIA splits them (since 1.11); the lowest installed version is
