@@ -70,6 +70,9 @@ PACKAGES: dict[str, tuple[dict[str, tuple[str, int]], str, str]] = {
             "nvidia-ctk": ("usr/bin/nvidia-ctk", 0o755),
             "nvidia-container-runtime": ("usr/bin/nvidia-container-runtime", 0o755),
             "config.toml": ("etc/nvidia-container-runtime/config.toml", 0o644),
+            # The modules the stand-ins share (gpuprov/lab/toolkit/__init__.py).
+            "toolkit_rules.py": ("usr/lib/gpuprov-sim/python/toolkit_rules.py", 0o644),
+            "simnvml_client.py": ("usr/lib/gpuprov-sim/python/simnvml_client.py", 0o644),
         },
         "python3, runc",
         "NVIDIA Container Toolkit Base (gpuprov lab SIMULATION)",
@@ -139,7 +142,8 @@ def _ensure_key(home: Path) -> str:
 
 def _inputs_digest(fingerprint: str) -> str:
     h = hashlib.sha256()
-    for path in sorted([Path(__file__), *TOOLKIT_DIR.iterdir()]):
+    # Files only: importing the toolkit's modules (the lab's kubelet does) leaves __pycache__.
+    for path in sorted([Path(__file__), *(p for p in TOOLKIT_DIR.iterdir() if p.is_file())]):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     h.update(f"{' '.join(TOOLKIT_VERSIONS)}\0{fingerprint}".encode())
     return h.hexdigest()

@@ -1,4 +1,4 @@
-"""The lab's NVIDIA runtime rules (gpuprov/lab/toolkit_rules.py) and the emulated device
+"""The lab's NVIDIA runtime rules (gpuprov/lab/toolkit/toolkit_rules.py) and the emulated device
 plugin's Allocate (gpuprov/lab/kube/deviceplugin.py): each device list strategy gives a
 container exactly its GPUs, by UUID, under the toolkit settings that strategy needs; an
 unprivileged container that asks by environment only gets nothing under the secure settings."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprov.lab import toolkit_rules as rules
 from gpuprov.lab.kube import deviceplugin as dp
+from gpuprov.lab.toolkit import toolkit_rules as rules
 
 NODE = [f"GPU-{i:08x}-0000-4000-8000-000000000000" for i in range(4)]
 DEFAULTS: dict = {}  # the toolkit's defaults: envvar accepted, mounts not

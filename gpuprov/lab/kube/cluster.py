@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuprov.lab import toolkit_rules
 from gpuprov.lab.kube import deviceplugin, faults, selectors
 from gpuprov.lab.kube.backend import (
     CONTAINER_GPUS_ENV,
@@ -45,6 +44,7 @@ from gpuprov.lab.kube.registry import (
 )
 from gpuprov.lab.kube.resources import GIT_VERSION, RESOURCES
 from gpuprov.lab.kube.store import now
+from gpuprov.lab.toolkit import toolkit_rules
 
 log = logging.getLogger(__name__)
 

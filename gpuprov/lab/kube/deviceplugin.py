@@ -3,7 +3,7 @@
 Test infrastructure. The emulated kubelet asks this for each container that requests
 nvidia.com/gpu, as a real kubelet calls the plugin's Allocate over gRPC, and turns the answer
 into the container's environment, mounts, annotations and CDI devices: the container
-runtime (gpuprov/lab/toolkit_rules.py) then decides from those which GPUs the container
+runtime (gpuprov/lab/toolkit/toolkit_rules.py) then decides from those which GPUs the container
 really gets. Followed: NVIDIA/k8s-device-plugin internal/plugin/server.go
 (`getAllocateResponse`, `updateResponseForDeviceListEnvVar`, `updateResponseForDeviceMounts`,
 `updateResponseForCDI`) and api/config/v1/strategy.go (the strategy names), v0.17-v0.20.
@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuprov.lab import toolkit_rules
+from gpuprov.lab.toolkit import toolkit_rules
 
 ENVVAR = "envvar"
 VOLUME_MOUNTS = "volume-mounts"

@@ -1,0 +1,44 @@
+"""SIMULATION: the node's GPUs through NVML (ctypes), for the lab's toolkit stand-ins.
+
+NVIDIA's nvidia-ctk and runtime enumerate GPUs through NVML (go-nvml); these stand-ins do the
+same through libnvidia-ml.so.1 as the node's loader finds it, which in the lab is the
+simulated NVML (gpuprov/lab/nvml/simnvml.c). Standard library only: it runs on the nodes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+
+class NvmlError(RuntimeError):
+    """NVML could not be loaded or answered an error; the message says which call."""
+
+
+def gpus() -> list[tuple[int, str, int]]:
+    """[(index, UUID, minor number)] of every GPU NVML enumerates, in index order."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as exc:
+        raise NvmlError(f"failed to load NVML: {exc}") from None
+    ret = nvml.nvmlInit_v2()
+    if ret != 0:
+        raise NvmlError(f"failed to initialize NVML: error {ret}")
+    try:
+        count = ctypes.c_uint(0)
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            raise NvmlError("failed to get device count")
+        found = []
+        for index in range(count.value):
+            handle = ctypes.c_void_p()
+            if nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0:
+                raise NvmlError(f"failed to get device handle {index}")
+            uuid = ctypes.create_string_buffer(96)
+            minor = ctypes.c_uint(0)
+            if nvml.nvmlDeviceGetUUID(handle, uuid, 96) != 0:
+                raise NvmlError(f"failed to get UUID of device {index}")
+            if nvml.nvmlDeviceGetMinorNumber(handle, ctypes.byref(minor)) != 0:
+                raise NvmlError(f"failed to get minor of device {index}")
+            found.append((index, uuid.value.decode(), minor.value))
+        return found
+    finally:
+        nvml.nvmlShutdown()
