@@ -250,11 +250,11 @@ class Kubelet:
             return run
         runtime = self.backend.runtime(self.name)
         nvidia = runtime.handler_is_nvidia(self._runtime_handler(spec))
-        answer = self._plugin_allocate(gpus) if gpus else None
+        node_gpus = [g.uuid for g in self.cluster.gpus_of(self.name)]
+        answer = self._plugin_allocate(gpus, node_gpus) if gpus else None
         if isinstance(answer, str):
             self._fail(pod, "UnexpectedAdmissionError", answer)
             return None
-        node_gpus = [g.uuid for g in self.cluster.gpus_of(self.name)]
         for c in spec.get("containers") or []:
             argv = list(c.get("command") or []) + list(c.get("args") or [])
             container = self.container_view(pod, c)
@@ -290,8 +290,10 @@ class Kubelet:
         context = {**(pod["spec"].get("securityContext") or {}), **(c.get("securityContext") or {})}
         return toolkit_rules.Container(env, privileged=toolkit_rules.is_privileged(context))
 
-    def _plugin_allocate(self, gpus: list[str]) -> deviceplugin.AllocateResponse | str:
-        """The node's device plugin's Allocate answer for these GPUs, or why it failed."""
+    def _plugin_allocate(self, gpus: list[str],
+                         node_gpus: list[str]) -> deviceplugin.AllocateResponse | str:
+        """The node's device plugin's Allocate answer for these GPUs (of the node's, in NVML
+        order), or why it failed."""
         pods = self.cluster.registry.list(PODS, field_selector=f"spec.nodeName={self.name}")[0]
         plugin = next((p for p in pods if is_device_plugin(p)
                        and not p["metadata"].get("deletionTimestamp")), None)
@@ -301,8 +303,7 @@ class Kubelet:
             settings = deviceplugin.settings_from_pod(plugin)
         except deviceplugin.AllocateError as exc:
             return f"device plugin: {exc}"
-        return deviceplugin.allocate(settings, gpus, [g.uuid for g in
-                                                      self.cluster.gpus_of(self.name)])
+        return deviceplugin.allocate(settings, gpus, node_gpus)
 
     def _runtime_handler(self, spec: dict) -> str | None:
         name = spec.get("runtimeClassName")
