@@ -129,3 +129,9 @@ def test_settings_the_plugin_refuses(env):
                                                          for k, v in env.items()]}]}}
     with pytest.raises(dp.AllocateError):
         dp.settings_from_pod(pod)
+
+
+def test_the_rules_take_the_same_toolkit_defaults_as_the_probe():
+    from gpuprov.probe import runtime as probe_runtime
+
+    assert rules.TOOLKIT_DEFAULTS == probe_runtime.TOOLKIT_KEYS
