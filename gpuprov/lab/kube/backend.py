@@ -233,9 +233,10 @@ KILL_GRACE_SECONDS = 2.0
 # `podman exec` (the lab's image sets no other).
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root"}
-# The variable the lab's simulated NVML reads for the GPUs a container was given (SIMULATION.md):
-# set by the emulated kubelet from NVIDIA's runtime rules (gpuprov/lab/toolkit/toolkit_rules.py), in
-# place of the /dev/nvidia<N> device nodes the real runtime would give the container.
+# The variable the lab's simulated NVML reads for the GPUs a container was given
+# (SIMULATION.md): set by the emulated kubelet from NVIDIA's runtime rules
+# (gpuprov/lab/toolkit/toolkit_rules.py), in place of the /dev/nvidia<N> device nodes the real
+# runtime would give the container.
 CONTAINER_GPUS_ENV = "GPUPROV_SIM_CONTAINER_GPUS"
 # A GPU pod's PATH in a lab node: the simulated nvidia-smi (gpuprov/lab/image/nvidia-smi, the
 # one the container toolkit would inject) before the node's own, which would be Debian's real
