@@ -34,11 +34,12 @@ $(VENV)/.installed: pyproject.toml
 venv: deps $(VENV)/.installed
 
 # Debian's containerd 1.6 / 1.7 / 2.x binaries (not installed: .cache/containerd/<suite>/) for
-# the unit tests that run `containerd config dump` on the merged runtime configs.
+# the unit tests that run `containerd config dump` on the merged runtime configs, and the CRI's
+# api.proto the lab's kubelet is generated from.
 containerd-bins:
 	@bash scripts/fetch-containerd.sh
 
-lab-up: venv
+lab-up: venv containerd-bins
 	gpuprov lab up
 
 demo: lab-up
@@ -56,7 +57,7 @@ lint: venv
 test-unit: venv containerd-bins
 	pytest -m "not lab and not molecule" tests
 
-test-lab: venv
+test-lab: venv containerd-bins
 	pytest -m lab tests
 
 test-molecule: venv

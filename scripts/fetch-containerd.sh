@@ -4,10 +4,13 @@
 # config dump`, which parses a config without a daemon; installing the package instead
 # would start a containerd on this machine. So: a throwaway apt configuration (this
 # machine's sources and lists are never touched), `apt-get download`, `dpkg-deb -x`.
+# Also the CRI's api.proto from `golang-k8s-cri-api-dev` (unstable): the lab's kubelet
+# talks to the nodes' containerd through stubs generated from it (gpuprov/lab/kube/cri.py).
 #
 #   scripts/fetch-containerd.sh [SUITE...]     (default: bookworm trixie unstable)
 #
-# Result: .cache/containerd/<suite>/usr/bin/containerd. Already there: nothing is fetched.
+# Result: .cache/containerd/<suite>/usr/bin/containerd and .cache/containerd/cri-api/
+# (api.proto under usr/share/gocode/...). Already there: nothing is fetched.
 # GPUPROV_DEBIAN_MIRROR overrides the archive (default http://deb.debian.org/debian).
 set -euo pipefail
 
@@ -22,14 +25,10 @@ fail() {
     exit 1
 }
 
-fetch() {
-    local suite=$1 dest=$CACHE/$1 work=$CACHE/.apt/$1
-    # A binary that runs is the cache hit; a half-extracted tree is fetched again.
-    if "$dest/usr/bin/containerd" --version >/dev/null 2>&1; then
-        echo "containerd $suite: $("$dest/usr/bin/containerd" --version | awk '{print $3}') (cached) $dest/usr/bin/containerd"
-        return
-    fi
-    rm -rf "$work" "$dest"
+# fetch_deb SUITE PACKAGE DEST: the package's files extracted into DEST (via DEST.tmp).
+fetch_deb() {
+    local suite=$1 package=$2 dest=$3 work=$CACHE/.apt/$1
+    rm -rf "$work" "$dest" "$dest.tmp"
     mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/deb"
     echo "deb [signed-by=$KEYRING] $MIRROR $suite main" >"$work/sources.list"
     local apt=(apt-get -q
@@ -42,19 +41,41 @@ fetch() {
     if ! "${apt[@]}" update >"$log" 2>&1 || grep -qE '^(E|W): Failed to fetch' "$log"; then
         fail "$suite: apt-get update from $MIRROR failed: $(grep -E '^(E|W):' "$log" | head -1)"
     fi
-    (cd "$work/deb" && "${apt[@]}" download containerd) >>"$log" 2>&1 \
-        || fail "$suite: apt-get download containerd failed: $(grep -E '^E:' "$log" | head -1)"
+    (cd "$work/deb" && "${apt[@]}" download "$package") >>"$log" 2>&1 \
+        || fail "$suite: apt-get download $package failed: $(grep -E '^E:' "$log" | head -1)"
     local deb
-    deb=$(ls "$work"/deb/containerd_*.deb 2>/dev/null | head -1)
-    [ -n "$deb" ] || fail "$suite: apt-get download left no containerd .deb in $work/deb"
+    deb=$(ls "$work"/deb/"${package}"_*.deb 2>/dev/null | head -1)
+    [ -n "$deb" ] || fail "$suite: apt-get download left no $package .deb in $work/deb"
     mkdir -p "$dest.tmp"
     dpkg-deb -x "$deb" "$dest.tmp" || fail "$suite: dpkg-deb -x $deb failed"
-    "$dest.tmp/usr/bin/containerd" --version >/dev/null 2>&1 \
-        || fail "$suite: $dest/usr/bin/containerd from $(basename "$deb") does not run here"
     basename "$deb" >"$dest.tmp/DEB"
-    mv "$dest.tmp" "$dest"
     rm -rf "$work"
+}
+
+fetch() {
+    local suite=$1 dest=$CACHE/$1
+    # A binary that runs is the cache hit; a half-extracted tree is fetched again.
+    if "$dest/usr/bin/containerd" --version >/dev/null 2>&1; then
+        echo "containerd $suite: $("$dest/usr/bin/containerd" --version | awk '{print $3}') (cached) $dest/usr/bin/containerd"
+        return
+    fi
+    fetch_deb "$suite" containerd "$dest"
+    "$dest.tmp/usr/bin/containerd" --version >/dev/null 2>&1 \
+        || fail "$suite: containerd from $(cat "$dest.tmp/DEB") does not run here"
+    mv "$dest.tmp" "$dest"
     echo "containerd $suite: $("$dest/usr/bin/containerd" --version | awk '{print $3}') ($(cat "$dest/DEB")) $dest/usr/bin/containerd"
+}
+
+fetch_cri_api() {
+    local dest=$CACHE/cri-api proto=usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto
+    if [ -s "$dest/$proto" ]; then
+        echo "CRI api.proto: (cached) $dest/$proto"
+        return
+    fi
+    fetch_deb unstable golang-k8s-cri-api-dev "$dest"
+    [ -s "$dest.tmp/$proto" ] || fail "$(cat "$dest.tmp/DEB") has no $proto"
+    mv "$dest.tmp" "$dest"
+    echo "CRI api.proto: ($(cat "$dest/DEB")) $dest/$proto"
 }
 
 command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
@@ -64,4 +85,5 @@ for suite in "${SUITES[@]}"; do
     rm -rf "$CACHE/$suite.tmp"
     fetch "$suite"
 done
+fetch_cri_api
 rmdir "$CACHE/.apt" 2>/dev/null || true

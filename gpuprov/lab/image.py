@@ -1,9 +1,11 @@
-"""Build (once, cached) the lab's Debian 12 node image.
+"""Build (once, cached) the lab's Debian 12 node image and its pod image.
 
-Two layers, each tagged with a hash of its inputs so that a change rebuilds only what
-it affects and an unchanged tree reuses podman's storage as the cache:
+Each is tagged with a hash of its inputs so that a change rebuilds only what it affects and an
+unchanged tree reuses podman's storage as the cache:
 - base: `debootstrap --variant=minbase bookworm` from Debian's own archive, imported;
-- node: image/Containerfile on top (systemd, sshd, python3, simulation hooks).
+- node: image/Containerfile on top (systemd, sshd, python3, simulation hooks);
+- pod: image/pod/Containerfile from the base (sh, sleep, python3; pruned): what the lab's pods
+  run in the nodes' containerd, saved once as an archive the nodes import.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ MIRROR = os.environ.get("GPUPROV_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 DEBOOTSTRAP_ARGS = ("--variant=minbase", SUITE)
 NODE_REPO = "localhost/gpuprov-node"
 BASE_REPO = "localhost/gpuprov-base"
+POD_REPO = "localhost/gpuprov-pod"
+POD_DIR = IMAGE_DIR / "pod"
 
 
 def _digest(*parts: bytes) -> str:
@@ -45,6 +49,11 @@ def node_ref() -> str:
     files = sorted(p for p in IMAGE_DIR.iterdir() if p.is_file() and p.name != "containers.conf")
     inputs = (p.name.encode() + p.read_bytes() for p in files)
     return f"{NODE_REPO}:{_digest(base_ref().encode(), *inputs)}"
+
+
+def pod_ref() -> str:
+    containerfile = POD_DIR / "Containerfile"
+    return f"{POD_REPO}:{_digest(base_ref().encode(), containerfile.read_bytes())}"
 
 
 def _build_base(ref: str) -> None:
@@ -67,11 +76,35 @@ def _build_base(ref: str) -> None:
             tar.wait()
 
 
-def ensure_node_image() -> str:
-    """Return the node image reference, building what is missing."""
+def _ensure_base() -> str:
     base = base_ref()
     if not podman.image_exists(base):
         _build_base(base)
+    return base
+
+
+def ensure_pod_archive(cache_dir: Path) -> tuple[str, Path]:
+    """(reference, archive) of the pod image: built and saved (`podman save`, docker-archive,
+    which `ctr images import` reads) into cache_dir, where missing."""
+    ref = pod_ref()
+    archive = cache_dir / f"{ref.rpartition('/')[2].replace(':', '-')}.tar"
+    if archive.is_file():
+        return ref, archive
+    if not podman.image_exists(ref):
+        log.warning("building the lab pod image %s (about 15 s, once)", ref)
+        podman.podman("build", "--network", "host", "--build-arg", f"BASE={_ensure_base()}",
+                      "-t", ref, "-f", str(POD_DIR / "Containerfile"), str(POD_DIR),
+                      timeout=900)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = archive.with_suffix(f".tmp{os.getpid()}")
+    podman.podman("save", "--output", str(tmp), ref, timeout=300)
+    tmp.replace(archive)
+    return ref, archive
+
+
+def ensure_node_image() -> str:
+    """Return the node image reference, building what is missing."""
+    base = _ensure_base()
     ref = node_ref()
     if not podman.image_exists(ref):
         log.warning("building the lab node image %s (about 30 s, once)", ref)

@@ -53,6 +53,10 @@ SSH_READY_TIMEOUT = 90.0
 
 # Variables the lab sets in its inventory because a container is not a server. Each one is a
 # setting real sites may use too; there are no lab-only code paths in the roles.
+# The pod image's archive, kept between labs in the checkout, and where nodes see it.
+POD_IMAGE_CACHE = ".cache/lab-images"
+POD_IMAGE_NODE_PATH = "/var/lib/gpuprov-sim/pod-image.tar"
+
 LAB_OVERRIDES: dict[str, object] = {
     # A container runs the host's kernel: Debian has no headers package for it, DKMS builds
     # nothing, there is no initramfs, and no module can be loaded, so nvidia-persistenced
@@ -86,6 +90,7 @@ class LabState:
     lab_id: str
     image: str
     nodes: list[Node] = field(default_factory=list)
+    pod_image: str = ""  # what the lab's pods run (the nodes' containerd has it)
 
     def node(self, name: str) -> Node:
         for node in self.nodes:
@@ -140,7 +145,8 @@ class Lab:
         if not path.exists():
             return None
         raw = json.loads(path.read_text())
-        return LabState(raw["lab_id"], raw["image"], [Node(**n) for n in raw["nodes"]])
+        return LabState(raw["lab_id"], raw["image"], [Node(**n) for n in raw["nodes"]],
+                        raw.get("pod_image", ""))
 
     def require(self) -> LabState:
         state = self.load()
@@ -168,6 +174,7 @@ class Lab:
                 )
             wanted = have
         ref = image.ensure_node_image()
+        pod_ref, pod_archive = image.ensure_pod_archive(self.project_dir / POD_IMAGE_CACHE)
         self._ensure_ssh_key()
         library = simhw.build_nvml_library(self.dir / "nvml")
         repo = pkgrepo.build_repo(self.dir / "pkgrepo")
@@ -175,10 +182,17 @@ class Lab:
             self.lab_id,
             ref,
             [Node(name, prof, f"gpuprov-{self.lab_id}-{name}") for name, prof in wanted],
+            pod_ref,
         )
         self._save(state)  # before starting anything: `lab down` can clean a half-made lab
+        shared = {
+            # SIMULATION: the local package repository standing in for NVIDIA's (no network).
+            repo.root: pkgrepo.NODE_PATH,
+            # SIMULATION: no registry; each node's containerd imports this (gpuprov-sim-images).
+            pod_archive: POD_IMAGE_NODE_PATH,
+        }
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(state.nodes)) as pool:
-            ports = list(pool.map(lambda n: self._start_node(n, ref, library, repo.root),
+            ports = list(pool.map(lambda n: self._start_node(n, ref, shared, library),
                                   state.nodes))
         for node, port in zip(state.nodes, ports, strict=True):
             node.ssh_port = port
@@ -199,16 +213,16 @@ class Lab:
             self.key_path.parent.mkdir(parents=True, exist_ok=True)
             _ssh_keygen(self.key_path, "gpuprov-lab-admin")
 
-    def _start_node(self, node: Node, ref: str, library: Path, repo: Path) -> int:
+    def _start_node(self, node: Node, ref: str, shared: dict[Path, str], library: Path) -> int:
         status = _container_status(node.container)
         if status is None:
-            self._create_node(node, ref, library, repo)
+            self._create_node(node, ref, shared, library)
         elif status != "running":
             podman.podman("start", node.container)
         port = podman.output("port", node.container, "22/tcp")
         return int(port.rsplit(":", 1)[1])
 
-    def _create_node(self, node: Node, ref: str, library: Path, repo: Path) -> None:
+    def _create_node(self, node: Node, ref: str, shared: dict[Path, str], library: Path) -> None:
         ndir = self.node_dir(node.name)
         if ndir.exists():
             shutil.rmtree(ndir)
@@ -223,23 +237,29 @@ class Lab:
             self.key_path.with_suffix(".pub"): "/root/.ssh/authorized_keys",
             hostkey: "/etc/ssh/ssh_host_ed25519_key",
             hostkey.with_suffix(".pub"): "/etc/ssh/ssh_host_ed25519_key.pub",
-            # SIMULATION: the local package repository standing in for NVIDIA's (no network).
-            repo: pkgrepo.NODE_PATH,
+            **shared,
             # SIMULATION: the node's kernel log (simhw.KMSG_FILE), the same on every machine.
             ndir / simhw.KMSG_FILE: "/dev/kmsg",
         }
         if node.has_gpu:
             mounts[ndir / "sim"] = "/etc/gpuprov-sim"
             mounts[library.parent] = "/opt/gpuprov-sim/lib"
+        containerd_root = ndir / "containerd"
+        containerd_root.mkdir()
         args = [
-            "run", "--detach", "--name", node.container, "--hostname", node.name,
-            "--label", f"{LABEL}={self.lab_id}", "--systemd=always",
+            # --privileged: the node's own containerd runs the lab's pods as containers, which
+            # takes what a real server's root has (mounts, namespaces, cgroups); SIMULATION.md.
+            "run", "--detach", "--privileged", "--name", node.container,
+            "--hostname", node.name, "--label", f"{LABEL}={self.lab_id}", "--systemd=always",
             "--publish", "127.0.0.1::22",
         ]
         for src, dst in mounts.items():
             args += ["--volume", f"{src}:{dst}:ro"]
         # Downloaded packages outlive the lab, so rebuilding it does not download them again.
         args += ["--volume", f"{apt_cache}:/var/cache/apt/archives"]
+        # containerd's root on the host's filesystem: its overlayfs snapshotter cannot mount
+        # layers on top of the node container's own overlay root.
+        args += ["--volume", f"{containerd_root}:/var/lib/containerd"]
         podman.podman(*args, ref, "/sbin/init")
 
     def _write_known_hosts(self, state: LabState) -> None:
@@ -294,6 +314,9 @@ class Lab:
                     "gpuprov_lab": True,
                     # The roles that talk to the Kubernetes API use the lab's emulated one.
                     "k8s_kubeconfig": str(self.kubeconfig_path),
+                    # No registry here: the role's smoke test and verify's pods run the lab's
+                    # pod image, which every node's containerd has.
+                    "nvidia_device_plugin_smoke_image": state.pod_image,
                     **LAB_OVERRIDES,
                 },
                 "children": {

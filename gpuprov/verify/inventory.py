@@ -26,6 +26,7 @@ BRANCH_VAR = "nvidia_driver_branch"  # nvidia_driver role; gpu_preflight honours
 KUBECONFIG_VAR = "k8s_kubeconfig"  # the lab inventory and the roles that call the API
 SERIES_KEY_VAR = "gpu_node_labels_series_key"  # gpu_node_labels role
 NODE_NAME_VAR = "gpu_node_labels_node_name"  # gpu_node_labels role: the Kubernetes node name
+SMOKE_IMAGE_VAR = "nvidia_device_plugin_smoke_image"  # nvidia_device_plugin role's smoke test
 DEFAULT_SERIES_KEY = "gputype"
 
 _VARS = (
@@ -34,6 +35,7 @@ _VARS = (
     "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_connection",
     "ansible_host_key_checking", "ansible_ssh_host_key_checking", "ansible_become",
     "ansible_become_user", BRANCH_VAR, KUBECONFIG_VAR, SERIES_KEY_VAR, NODE_NAME_VAR,
+    SMOKE_IMAGE_VAR,
 )
 
 
@@ -47,6 +49,7 @@ class Node:
     kubeconfig: str | None = None
     series_key: str = DEFAULT_SERIES_KEY
     k8s_name: str | None = None  # the Kubernetes node name, where it is not the inventory name
+    smoke_image: str | None = None  # the image the role's smoke test uses (verify's default)
 
     @property
     def node_name(self) -> str:
@@ -101,6 +104,7 @@ def node_from_vars(name: str, groups: set[str], hostvars: dict[str, Any],
         "kubeconfig": _text(hostvars.get(KUBECONFIG_VAR)),
         "series_key": _text(hostvars.get(SERIES_KEY_VAR)) or DEFAULT_SERIES_KEY,
         "k8s_name": _text(hostvars.get(NODE_NAME_VAR)),
+        "smoke_image": _text(hostvars.get(SMOKE_IMAGE_VAR)),
     }
     if str(hostvars.get("ansible_connection") or "") == "local":
         return Node(name=name, target=None, **common)

@@ -158,8 +158,12 @@ def pod_findings(results: Sequence[nodes.ProbeResult], view: cluster.ClusterView
         else:
             held = sum(_requested(p) for p in view.pods_by_node.get(k8s, ()))
             targets.append(pods.Target(k8s, _allocatable(k8s_node), held))
+    # The smoke pods' image: --image, else the one the inventory gives the role's smoke test,
+    # else the role's default (pods.run).
+    image = options.image or next((r.node.smoke_image for r in results if r.node.smoke_image),
+                                  None)
     runs = pods.run(api, targets, kinds, options.timeout, options.concurrency,
-                    options.image) if targets and kinds else {}
+                    image) if targets and kinds else {}
     findings = []
     for result in results:
         name = result.node.name

@@ -182,12 +182,15 @@ def playbook(lab):
 
 # An admin's containerd settings, planted on the GPU nodes before the first site.yml: the
 # toolkit role must add NVIDIA's runtime without losing any of them (Debian's default
-# config.toml plus a top-level and a CRI setting).
+# config.toml plus a top-level and two CRI settings). restrict_oom_score_adj is the lab node's
+# own (gpuprov/lab/image/Containerfile): without it no pod runs in a lab node. The node's
+# containerd gets the lab's pod image under this sandbox image name when it restarts.
 PLANTED_CONTAINERD = """version = 2
 oom_score = -999
 
 [plugins]
   [plugins."io.containerd.grpc.v1.cri"]
+    restrict_oom_score_adj = true
     sandbox_image = "registry.example/pause:3.9"
     [plugins."io.containerd.grpc.v1.cri".cni]
       bin_dir = "/usr/lib/cni"

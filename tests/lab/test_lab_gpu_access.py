@@ -1,18 +1,22 @@
 """Who gets GPUs on the lab after site.yml (issue 16): the toolkit's config.toml as the role
 merges it, no GPU for a pod that did not ask (pods.no-request), the toolkit at a version with
 no known CVE (runtime.toolkit-version), and a plain rerun of site.yml repairing both on the
-node that drifted while changing nothing on a node that did not."""
+node that drifted while changing nothing on a node that did not. Pods are real containers in
+the node's containerd, run by the runtime the RuntimeClass's handler names."""
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
 
 import pytest
-from conftest import installed_packages, playbook_failures, run_playbook
+from conftest import installed_packages, kube_api, playbook_failures, run_playbook
+from kubernetes import client
 
 from gpuprov.lab import pkgrepo
+from gpuprov.lab.kube.testing import wait_for
 
 TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
                     "libnvidia-container-tools", "libnvidia-container1")
@@ -20,6 +24,7 @@ OLD = "1.17.7-1"  # served by the lab's repository next to the pin; has known CV
 CONFIG = "/etc/nvidia-container-runtime/config.toml"
 ENVVAR_KEY = "accept-nvidia-visible-devices-envvar-when-unprivileged"
 MOUNTS_KEY = "accept-nvidia-visible-devices-as-volume-mounts"
+TASK_DIR = "/run/containerd/io.containerd.runtime.v2.task/k8s.io"  # containerd's bundles
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +93,73 @@ def test_drifted_nodes_fail_their_check_alone_and_a_rerun_repairs_them(lab, conv
         (pkgrepo.TOOLKIT_VERSION, "hold")
     rc, doc = verify(lab, "--checks", "runtime,pods.no-request")
     assert rc == 0, [r for r in doc["results"] if r["status"] == "fail"]
+
+
+# -- pods are containers in the node's containerd ------------------------------------------------
+
+def _pod(name: str, image: str, gpus: int, command: str) -> dict:
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": "gpu-pascal", "restartPolicy": "Never",
+                     "runtimeClassName": "nvidia",
+                     "containers": [{"name": "main", "image": image,
+                                     "command": ["sh", "-c", command],
+                                     "resources": {"limits": limits}}]}}
+
+
+def test_a_gpu_pod_is_a_container_run_by_nvidia_runtime_and_goes_with_the_pod(
+        lab, converged, node_connection):
+    core = client.CoreV1Api(kube_api(lab))
+    conn = node_connection("gpu-pascal")
+    image = lab.require().pod_image
+    core.create_namespaced_pod("default", _pod("real-container", image, 1,
+                                               "nvidia-smi -L; exec sleep 600"))
+    try:
+        def started():
+            pod = core.read_namespaced_pod("real-container", "default")
+            statuses = pod.status.container_statuses or []
+            return statuses[0].container_id if statuses and statuses[0].state.running else None
+
+        container_id = wait_for(started, "the pod's container to run", 60, 0.2)
+        assert container_id.startswith("containerd://")
+        cid = container_id.removeprefix("containerd://")
+        info = json.loads(conn.run(f"ctr -n k8s.io containers info {cid}", hide=True,
+                                   in_stream=False).stdout)
+        # The handler the role wrote into containerd's config: runc's shim with NVIDIA's
+        # runtime as its binary (runc's Options, protobuf: field 6, BinaryName).
+        options = base64.b64decode(info["Runtime"]["Options"]["value"])
+        assert info["Runtime"]["Name"] == "io.containerd.runc.v2"
+        assert b"/usr/bin/nvidia-container-runtime" in options
+        assert info["Labels"]["io.kubernetes.pod.name"] == "real-container"
+        seen = wait_for(lambda: core.read_namespaced_pod_log("real-container", "default"),
+                        "nvidia-smi's output", 30, 0.2)
+        assert len(seen.strip().splitlines()) == 1 and "(UUID: GPU-" in seen
+        # NVIDIA's runtime (the lab's stand-in) edited the bundle's spec on `create`: the GPU
+        # it gave is the one nvidia-smi shows.
+        bundle = json.loads(conn.run(f"cat {TASK_DIR}/{cid}/config.json", hide=True,
+                                     in_stream=False).stdout)
+        given = [e.split("=", 1)[1] for e in bundle["process"]["env"]
+                 if e.startswith("GPUPROV_SIM_CONTAINER_GPUS=")]
+        assert given and f"(UUID: {given[0]})" in seen
+    finally:
+        core.delete_namespaced_pod("real-container", "default", grace_period_seconds=0)
+    wait_for(lambda: conn.run(f"ctr -n k8s.io containers info {cid}", hide=True,
+                              in_stream=False, warn=True).failed,
+             "containerd to remove the deleted pod's container", 30, 0.2)
+
+
+def test_an_image_the_node_does_not_have_fails_the_pod_with_err_image_pull(lab, converged):
+    core = client.CoreV1Api(kube_api(lab))
+    core.create_namespaced_pod("default", _pod("no-image", "registry.example/absent:1", 0,
+                                               "true"))
+    try:
+        def waiting():
+            pod = core.read_namespaced_pod("no-image", "default")
+            statuses = pod.status.container_statuses or []
+            state = statuses[0].state.waiting if statuses else None
+            return state if state and state.reason == "ErrImagePull" else None
+
+        state = wait_for(waiting, "ErrImagePull", 30, 0.2)
+        assert "registry.example/absent:1" in state.message
+    finally:
+        core.delete_namespaced_pod("no-image", "default", grace_period_seconds=0)

@@ -47,7 +47,7 @@ def test_every_lab_node_is_a_ready_node(core, lab_state):
     assert all(ready(n) == "True" for n in nodes)
 
 
-def test_a_pod_runs_inside_its_node_container_and_sees_no_gpu(core):
+def test_a_pod_runs_as_a_container_in_its_node_and_sees_no_gpu(core, lab_state):
     name = "lab-hello"
     core.create_namespaced_pod("default", {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
@@ -55,9 +55,11 @@ def test_a_pod_runs_inside_its_node_container_and_sees_no_gpu(core):
             "nodeSelector": {"kubernetes.io/hostname": "gpu-pascal"},
             "restartPolicy": "Never",
             "containers": [{
-                "name": "main", "image": "debian:bookworm",
-                # The GPUs the lab's runtime gave the container (in place of device nodes).
-                "command": ["sh", "-c", "hostname; echo given=$GPUPROV_SIM_CONTAINER_GPUS"],
+                "name": "main", "image": lab_state.pod_image,
+                # The GPUs the lab's runtime gave the container (in place of device nodes),
+                # and the nvidia-smi it mounts into a container given GPUs.
+                "command": ["sh", "-c", "hostname; echo given=${GPUPROV_SIM_CONTAINER_GPUS-none};"
+                            " command -v nvidia-smi || echo no-nvidia-smi"],
             }],
         },
     })
@@ -69,7 +71,10 @@ def test_a_pod_runs_inside_its_node_container_and_sees_no_gpu(core):
         )
         log = core.read_namespaced_pod_log(name, "default")
         assert phase == "Succeeded", log
-        assert log.split() == ["gpu-pascal", "given=void"]
+        # The sandbox shares the node's network and UTS namespaces, as a hostNetwork pod.
+        assert log.split() == ["gpu-pascal", "given=none", "no-nvidia-smi"]
+        status = core.read_namespaced_pod(name, "default").status.container_statuses[0]
+        assert status.container_id.startswith("containerd://")
     finally:
         core.delete_namespaced_pod(name, "default")
 

@@ -224,7 +224,7 @@ def _start_blocked_workload(lab: Lab) -> str:
             "spec": {
                 "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
                 "nodeSelector": {"kubernetes.io/hostname": "gpu-pascal"},
-                "containers": [{"name": "train", "image": "busybox",
+                "containers": [{"name": "train", "image": lab.require().pod_image,
                                 "command": ["sleep", "3600"],
                                 "resources": {"requests": gpu, "limits": gpu}}]}}}})
     client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(WORKLOAD_NS, {

@@ -17,6 +17,7 @@ all:
   vars:
     ansible_user: deploy
     k8s_kubeconfig: /etc/kubernetes/admin.conf
+    nvidia_device_plugin_smoke_image: registry.example/cuda:12.4.1-base-ubuntu22.04
   children:
     k8s_cluster:
       children:
@@ -67,6 +68,9 @@ def test_hosts_and_their_connection_settings(site):
     assert (b.target.host, b.target.port, b.target.known_hosts, b.target.check_host_keys) == (
         "gpu-b", 22, None, False)
     assert nodes["cpu-a"].local and not nodes["cpu-a"].gpu_expected
+    # The role's smoke test image is verify's default for its smoke pods (a mirror, a lab).
+    assert {n.smoke_image for n in nodes.values()} == {
+        "registry.example/cuda:12.4.1-base-ubuntu22.04"}
 
 
 @pytest.mark.parametrize(("limit", "names"), [

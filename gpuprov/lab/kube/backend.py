@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import posixpath
-import signal
 import subprocess
 import sys
 import threading
@@ -23,8 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from gpuprov.lab.kube import cri
+from gpuprov.lab.toolkit import toolkit_rules
+
 NVIDIA_RUNTIME_BINARY = "nvidia-container-runtime"
 LOG_LIMIT = 1 << 20  # bytes of output kept per container run, like the kubelet's log rotation
+# The variable the lab's simulated NVML reads for the GPUs a container was given
+# (SIMULATION.md). On lab nodes the lab's nvidia-container-runtime sets it, by NVIDIA's rules
+# (gpuprov/lab/toolkit/toolkit_rules.py); the FakeBackend sets it by the same rules.
+CONTAINER_GPUS_ENV = "GPUPROV_SIM_CONTAINER_GPUS"
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,48 @@ class RuntimeConfig:
         return (handler or self.default_handler) in self.nvidia_handlers
 
 
+@dataclass(frozen=True)
+class ContainerRequest:
+    """One container of a pod as a kubelet asks its runtime for it (CRI CreateContainer, in
+    the pod's sandbox): the pod's spec with the device plugin's Allocate answer added (env,
+    mounts, annotations, CDI devices). Which GPUs it gets is the node runtime's decision."""
+
+    pod_uid: str
+    pod_name: str
+    namespace: str
+    name: str
+    image: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    attempt: int = 0
+    mounts: tuple[toolkit_rules.Mount, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    cdi_devices: tuple[str, ...] = ()
+    privileged: bool = False
+    add_capabilities: tuple[str, ...] = ()
+    drop_capabilities: tuple[str, ...] = ()
+    handler: str = ""  # the RuntimeClass's handler; "" is the runtime's default
+    sandbox_privileged: bool = False  # some container of the pod is privileged
+
+    @property
+    def security_context(self) -> dict:
+        return {"privileged": self.privileged,
+                "capabilities": {"add": list(self.add_capabilities),
+                                 "drop": list(self.drop_capabilities)}}
+
+
+class StartError(RuntimeError):
+    """A container could not be started; `reason` is the kubelet's waiting reason
+    (ErrImagePull, CreateContainerError, RunContainerError, ContainerCreating)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class Process(Protocol):
+    container_id: str
+
     def output(self) -> str: ...
     def poll(self) -> int | None: ...
     def kill(self) -> None: ...
@@ -67,9 +114,14 @@ class NodeBackend(Protocol):
     def gpus(self, node: str) -> list[Gpu] | None:
         """GPUs NVML enumerates on the node (None: NVML does not initialise)."""
     def runtime(self, node: str) -> RuntimeConfig: ...
-    def start(self, node: str, key: str, argv: list[str], env: dict[str, str],
+    def start(self, node: str, request: ContainerRequest,
               on_exit: Callable[[], None] | None = None) -> Process:
-        """Run argv in the node; on_exit is called once the process has exited."""
+        """Run the container on the node (raises StartError); on_exit is called once it has
+        exited."""
+    def stop_pod(self, node: str, uid: str) -> None:
+        """The pod has finished: stop its sandbox (its containers stay for their logs)."""
+    def collect(self, node: str, alive: set[str]) -> None:
+        """Remove the sandboxes and containers of pods that are not in `alive` (UIDs)."""
 
 
 class LocalProcess:
@@ -79,13 +131,10 @@ class LocalProcess:
     kubelet) can react at once instead of at its next periodic pass."""
 
     def __init__(self, argv: list[str], env: dict[str, str],
-                 on_exit: Callable[[], None] | None = None, group: bool = False) -> None:
-        # group: the process leads a process group of its own, and stopping it stops the group
-        # (SIGTERM, then SIGKILL after KILL_GRACE_SECONDS): what nsenter starts is its child.
-        self._group = group
+                 on_exit: Callable[[], None] | None = None, container_id: str = "") -> None:
+        self.container_id = container_id
         self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      start_new_session=group)
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self._buf = bytearray()
         self._lock = threading.Lock()
         self._on_exit = on_exit
@@ -114,27 +163,8 @@ class LocalProcess:
         return code
 
     def kill(self) -> None:
-        """Stop the process. A process group gets SIGTERM and, KILL_GRACE_SECONDS later,
-        SIGKILL, in a thread of its own: the emulated kubelet deleting eight pods does not
-        wait for them, as a real kubelet's sync loop does not wait for containers to stop.
-        Not a daemon thread: exiting waits for it."""
-        if self._group:
-            threading.Thread(target=self._stop, name="pod-kill").start()
-        else:
-            self._stop()
-
-    def _stop(self) -> None:
-        if self._group:
-            self._signal_group(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(KILL_GRACE_SECONDS)
-            self._signal_group(signal.SIGKILL)
         if self._proc.poll() is None:
             self._proc.kill()
-
-    def _signal_group(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._proc.pid, sig)
 
 
 # -- runtime configuration, from the probe's report ----------------------------------------------
@@ -185,11 +215,17 @@ class FakeNode:
 
 
 class FakeBackend:
-    """Nodes held in memory; commands run as local processes with the pod's environment."""
+    """Nodes held in memory; a container is a local process with the pod's environment.
+
+    It stands in for the node's runtime too: NVIDIA's rules (toolkit_rules) decide the GPUs
+    a container gets from the request, as the lab's nvidia-container-runtime does on a lab
+    node, and CONTAINER_GPUS_ENV tells the process which ("void": none)."""
 
     def __init__(self, nodes: dict[str, FakeNode]) -> None:
         self.node_map = nodes
         self.started: list[tuple[str, list[str], dict[str, str]]] = []
+        self.stopped_pods: list[str] = []
+        self._count = 0
 
     def nodes(self) -> list[NodeSpec]:
         return [n.spec or NodeSpec(name) for name, n in self.node_map.items()]
@@ -200,11 +236,36 @@ class FakeBackend:
     def runtime(self, node: str) -> RuntimeConfig:
         return self.node_map[node].runtime
 
-    def start(self, node: str, key: str, argv: list[str], env: dict[str, str],
+    def start(self, node: str, request: ContainerRequest,
               on_exit: Callable[[], None] | None = None) -> Process:
-        self.started.append((node, argv, env))
+        fake = self.node_map[node]
+        if not request.argv:
+            raise StartError("CreateContainerError",
+                             f"the fake backend runs commands only: container {request.name!r} "
+                             "has none")
+        container = toolkit_rules.Container(
+            dict(request.env), tuple(request.mounts),
+            toolkit_rules.is_privileged(request.security_context),
+            request.annotations, tuple(request.cdi_devices))
+        try:
+            seen = toolkit_rules.container_gpus(
+                container, fake.runtime.toolkit_settings, [g.uuid for g in fake.gpus or []],
+                fake.runtime.handler_is_nvidia(request.handler))
+        except toolkit_rules.UnknownDevice as exc:
+            raise StartError("RunContainerError", f"OCI runtime create failed: "
+                             f"nvidia-container-runtime: {exc}") from None
+        env = {**request.env, CONTAINER_GPUS_ENV: ",".join(seen) or "void"}
+        self.started.append((node, list(request.argv), env))
+        self._count += 1
         base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        return LocalProcess(argv, {**base, **env}, on_exit=on_exit)
+        return LocalProcess(list(request.argv), {**base, **env}, on_exit=on_exit,
+                            container_id=f"{self._count:064x}")
+
+    def stop_pod(self, node: str, uid: str) -> None:
+        self.stopped_pods.append(uid)
+
+    def collect(self, node: str, alive: set[str]) -> None:
+        pass
 
 
 # -- the lab backend (podman containers) ----------------------------------------------------
@@ -226,22 +287,15 @@ print(json.dumps({"gpus": gpus}))
 """
 
 RUNTIME_CACHE_SECONDS = 1.0
-# A pod's processes get SIGTERM when it is deleted, SIGKILL this long after (a real kubelet's
+# A deleted pod's containers get SIGTERM, then SIGKILL this long after (a real kubelet's
 # grace period is the pod's; the smoke pods' `sleep` ends at once).
-KILL_GRACE_SECONDS = 2.0
-# A pod process's environment before the pod's own: what the node image's config gives
-# `podman exec` (the lab's image sets no other).
-BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": "/root"}
-# The variable the lab's simulated NVML reads for the GPUs a container was given
-# (SIMULATION.md): set by the emulated kubelet from NVIDIA's runtime rules
-# (gpuprov/lab/toolkit/toolkit_rules.py), in place of the /dev/nvidia<N> device nodes the real
-# runtime would give the container.
-CONTAINER_GPUS_ENV = "GPUPROV_SIM_CONTAINER_GPUS"
-# A GPU pod's PATH in a lab node: the simulated nvidia-smi (gpuprov/lab/image/nvidia-smi, the
-# one the container toolkit would inject) before the node's own, which would be Debian's real
-# nvidia-smi once the driver is installed, and which cannot talk to the simulated NVML.
-SIM_PATH = "/opt/gpuprov-sim/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+KILL_GRACE_SECONDS = 2
+# How often a running container's state is asked (CRI ContainerStatus), and how often the
+# sandboxes of pods that are gone are looked for (CRI ListPodSandbox).
+STATUS_POLL_SECONDS = 0.2
+COLLECT_SECONDS = 2.0
+# A container whose node's containerd does not answer this long counts as exited (255).
+UNREACHABLE_SECONDS = 60.0
 
 
 class LabBackend:
@@ -259,6 +313,11 @@ class LabBackend:
         self._runtime_cache: dict[str, tuple[float, RuntimeConfig]] = {}
         # node -> (host PID of its container's init, the container's ID)
         self._inits: dict[str, tuple[str, str]] = {}
+        self._lock = threading.Lock()
+        self._clients: dict[str, tuple[cri.Client, str]] = {}  # node -> (client, node root)
+        self._sandboxes: dict[tuple[str, str], str] = {}  # (node, pod UID) -> sandbox ID
+        self._pod_locks: dict[tuple[str, str], threading.Lock] = {}
+        self._collected: dict[str, float] = {}
 
     def nodes(self) -> list[NodeSpec]:
         # A node container sees the host's CPUs and memory, and so would a kubelet in it.
@@ -350,28 +409,150 @@ class LabBackend:
         self._runtime_cache[node] = (time.monotonic(), config)
         return config
 
-    def start(self, node: str, key: str, argv: list[str], env: dict[str, str],
-              on_exit: Callable[[], None] | None = None) -> Process:
-        """A pod's process in the node: `nsenter` into every namespace of the node container's
-        init (about 20 ms, where `podman exec` costs about 130 ms of CPU; eight isolation pods
-        start at once). It runs in the node's filesystem, PID namespace and network, not in
-        the container's cgroup, and is stopped from the host as a process group. A node that
-        is not running gets `podman exec`, which fails as a real runtime would."""
-        from gpuprov.lab import podman
+    # -- pods, through the node's containerd (CRI) --------------------------------------------
+    def _client(self, node: str) -> tuple[cri.Client, str]:
+        """The CRI client of the node's containerd and the node's root, as the host sees it.
+        A node that is not running has no runtime to ask."""
+        root = self._node_root(node)
+        if root is None:
+            raise StartError("ContainerCreating", f"node {node} is not running")
+        with self._lock:
+            known = self._clients.get(node)
+            if known is not None and known[1] == root:
+                return known
+            if known is not None:
+                known[0].close()
+            self._clients[node] = (cri.Client(root), root)
+            return self._clients[node]
 
-        if env.get(CONTAINER_GPUS_ENV, "void") not in ("void", "none", ""):
-            # What NVIDIA's runtime does to a GPU container: its nvidia-smi is there to run.
-            env = {"PATH": SIM_PATH, **env}
-        pid = self._init_pid(node)
-        if pid is not None:
-            args = ["nsenter", "--target", pid, "--all", "--root", "--wd",
-                    "env", "-i", *(f"{k}={v}" for k, v in {**BASE_ENV, **env}.items()), *argv]
-            return LocalProcess(args, dict(os.environ), on_exit=on_exit, group=True)
-        args = ["podman", "exec"]
-        for name, value in env.items():
-            args += ["--env", f"{name}={value}"]
-        args += [self.containers[node], *argv]
-        return LocalProcess(args, podman.environment(), on_exit=on_exit)
+    def start(self, node: str, request: ContainerRequest,
+              on_exit: Callable[[], None] | None = None) -> Process:
+        """The container in the pod's sandbox, created and started by the node's containerd
+        with the runtime the sandbox's handler names: NVIDIA's (the lab's stand-in) decides
+        there which GPUs it gets, from the request and the node's files."""
+        client, root = self._client(node)
+        try:
+            if not client.image_present(request.image):
+                raise StartError("ErrImagePull", f'image "{request.image}" is not in the '
+                                 "node's containerd, and the lab pulls no images (gpuprov lab "
+                                 "imports its pod image into every node)")
+            sandbox = self._sandbox(node, client, request)
+            container_id = client.create_container(sandbox, request)
+        except cri.CriError as exc:
+            raise StartError("ContainerCreating" if exc.code == "UNAVAILABLE"
+                             else "CreateContainerError", str(exc)) from None
+        try:
+            client.start_container(container_id)
+        except cri.CriError as exc:
+            raise StartError("RunContainerError", str(exc)) from None
+        return CriContainer(client, container_id, root, on_exit)
+
+    def _sandbox(self, node: str, client: cri.Client, request: ContainerRequest) -> str:
+        """The pod's sandbox, made by its first container (containers start side by side: the
+        pod's lock keeps them to one sandbox)."""
+        key = (node, request.pod_uid)
+        with self._lock:
+            pod_lock = self._pod_locks.setdefault(key, threading.Lock())
+        with pod_lock:
+            known = self._sandboxes.get(key)
+            if known is None:
+                known = self._sandboxes[key] = client.run_sandbox(request)
+        return known
+
+    def stop_pod(self, node: str, uid: str) -> None:
+        with self._lock:
+            sandbox = self._sandboxes.get((node, uid))
+            known = self._clients.get(node)
+        if sandbox is not None and known is not None:
+            _in_background(known[0].stop_sandbox, sandbox)
+
+    def collect(self, node: str, alive: set[str]) -> None:
+        """Every COLLECT_SECONDS: remove the sandboxes of pods that are gone (their containers
+        go with them), those of an earlier emulator's run included."""
+        clock = time.monotonic()
+        if clock - self._collected.get(node, 0.0) < COLLECT_SECONDS:
+            return
+        self._collected[node] = clock
+        try:
+            client, _ = self._client(node)
+            sandboxes = client.list_sandboxes()
+        except (StartError, cri.CriError):
+            return
+        for sandbox_id, uid in sandboxes:
+            if uid not in alive:
+                with self._lock:
+                    self._sandboxes.pop((node, uid), None)
+                    self._pod_locks.pop((node, uid), None)
+                _in_background(client.remove_sandbox, sandbox_id)
+
+
+def _in_background(call: Callable[[str], None], arg: str) -> None:
+    """A CRI call the kubelet does not wait for (stopping takes the containers' grace time).
+    Not a daemon thread: exiting waits for it."""
+    def run() -> None:
+        with contextlib.suppress(cri.CriError):
+            call(arg)
+
+    threading.Thread(target=run, name="cri-background").start()
+
+
+class CriContainer:
+    """A container in a lab node's containerd, as the emulated kubelet follows it: a thread
+    asks its state every STATUS_POLL_SECONDS until it has exited; its output is the CRI log
+    file containerd writes (read through the node's root)."""
+
+    def __init__(self, client: cri.Client, container_id: str, root: str,
+                 on_exit: Callable[[], None] | None) -> None:
+        self.container_id = container_id
+        self._client = client
+        self._root = root
+        self._on_exit = on_exit
+        self._exit_code: int | None = None
+        self._log_path = ""
+        self._watcher = threading.Thread(target=self._watch, daemon=True, name="cri-status")
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        unreachable_since = None
+        while True:
+            try:
+                state, code, self._log_path = self._client.container_status(self.container_id)
+                unreachable_since = None
+            except cri.CriError as exc:
+                if exc.code == "NOT_FOUND":
+                    state, code = cri.CONTAINER_EXITED, 137  # removed under us
+                else:
+                    unreachable_since = unreachable_since or time.monotonic()
+                    if time.monotonic() - unreachable_since < UNREACHABLE_SECONDS:
+                        time.sleep(STATUS_POLL_SECONDS)
+                        continue
+                    state, code = cri.CONTAINER_EXITED, 255
+            if state == cri.CONTAINER_EXITED:
+                self._exit_code = code
+                if self._on_exit is not None:
+                    self._on_exit()
+                return
+            time.sleep(STATUS_POLL_SECONDS)
+
+    def output(self) -> str:
+        if not self._log_path:
+            return ""
+        try:
+            with open(f"{self._root}{self._log_path}", "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - LOG_LIMIT))
+                raw = f.read()
+        except OSError:
+            return ""
+        return cri.parse_log(raw.decode(errors="replace"))
+
+    def poll(self) -> int | None:
+        return self._exit_code
+
+    def kill(self) -> None:
+        if self._exit_code is None:
+            _in_background(lambda cid: self._client.stop_container(cid, KILL_GRACE_SECONDS),
+                           self.container_id)
 
 
 def host_kernel() -> str:

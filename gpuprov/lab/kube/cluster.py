@@ -9,8 +9,10 @@ Every write goes through the registry, so it is defaulted and validated like a c
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import copy
+import dataclasses
 import logging
 import threading
 import time
@@ -20,11 +22,12 @@ from pathlib import Path
 
 from gpuprov.lab.kube import deviceplugin, faults, selectors
 from gpuprov.lab.kube.backend import (
-    CONTAINER_GPUS_ENV,
+    ContainerRequest,
     Gpu,
     NodeBackend,
     NodeSpec,
     Process,
+    StartError,
     host_kernel,
 )
 from gpuprov.lab.kube.errors import ApiError
@@ -49,6 +52,8 @@ from gpuprov.lab.toolkit import toolkit_rules
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.5
+# Containers started at once, all nodes together (a runtime's start is mostly waiting).
+STARTERS = 8
 # How NVIDIA's device plugin is recognised: its container image (nvcr.io/nvidia/k8s-device-
 # plugin:<version> upstream; mirrors keep the repository name).
 DEVICE_PLUGIN_IMAGE = "k8s-device-plugin"
@@ -148,9 +153,11 @@ def fits_node(spec: dict, node: dict) -> str:
 @dataclass
 class ContainerRun:
     name: str
-    argv: list[str]
-    env: dict[str, str]
+    request: ContainerRequest
     process: Process | None = None
+    starting: concurrent.futures.Future | None = None  # the runtime's start, under way
+    container_id: str = ""
+    waiting: tuple[str, str] = ("ContainerCreating", "")  # (reason, message) before a start
     started_at: str = ""
     restarts: int = 0
     exit_code: int | None = None
@@ -169,7 +176,6 @@ class PodRun:
     gpus: list[str]
     containers: list[ContainerRun] = field(default_factory=list)
     simulated: bool = False  # the device plugin: no process, running until deleted
-    failed_to_start: str = ""
 
 
 class Kubelet:
@@ -204,6 +210,9 @@ class Kubelet:
         for uid in list(self.runs):
             if uid not in alive:
                 self._stop(self.runs.pop(uid))
+        # Sandboxes of pods that are gone, or being deleted, go (the pod's containers with them).
+        self.backend.collect(self.name, {p["metadata"]["uid"] for p in pods
+                                         if not p["metadata"].get("deletionTimestamp")})
         node_faults = self.cluster.faults(self.name)
         for pod in pods:
             uid = pod["metadata"]["uid"]
@@ -248,47 +257,54 @@ class Kubelet:
         if is_device_plugin(pod):
             run.simulated = True
             return run
-        runtime = self.backend.runtime(self.name)
-        nvidia = runtime.handler_is_nvidia(self._runtime_handler(spec))
         node_gpus = [g.uuid for g in self.cluster.gpus_of(self.name)]
         answer = self._plugin_allocate(gpus, node_gpus) if gpus else None
         if isinstance(answer, str):
             self._fail(pod, "UnexpectedAdmissionError", answer)
             return None
-        for c in spec.get("containers") or []:
-            argv = list(c.get("command") or []) + list(c.get("args") or [])
-            container = self.container_view(pod, c)
-            if answer is not None and _requests_gpu(c):
-                # The kubelet adds the plugin's answer to the container's own settings;
-                # its environment variables come last and win.
-                container = toolkit_rules.Container(
-                    {**container.env, **answer.envs}, answer.mounts, container.privileged,
-                    answer.annotations, answer.cdi_devices)
-            try:
-                seen = toolkit_rules.container_gpus(container, runtime.toolkit_settings,
-                                                    node_gpus, nvidia)
-            except toolkit_rules.UnknownDevice as exc:
-                run.failed_to_start = f"NVIDIA's runtime refused container {c['name']!r}: {exc}"
-                seen = []
-            env = {**container.env, CONTAINER_GPUS_ENV: ",".join(seen) or "void"}
-            run.containers.append(ContainerRun(c["name"], argv, env))
-        missing = [c.name for c in run.containers if not c.argv]
-        if missing:
-            run.failed_to_start = (
-                f"the lab does not pull images: container {missing[0]!r} needs a command to "
-                "run in the node")
+        handler = self._runtime_handler(spec) or ""
+        contexts = [self.security_context(pod, c) for c in spec.get("containers") or []]
+        sandbox_privileged = any(ctx.get("privileged") for ctx in contexts)
+        for c, context in zip(spec.get("containers") or [], contexts, strict=True):
+            env = self.container_env(pod, c)
+            allocated = answer if answer is not None and _requests_gpu(c) else None
+            capabilities = context.get("capabilities") or {}
+            # The kubelet adds the plugin's answer to the container's own settings; its
+            # environment variables come last and win.
+            request = ContainerRequest(
+                meta["uid"], meta["name"], meta["namespace"], c["name"], c.get("image", ""),
+                tuple(c.get("command") or []) + tuple(c.get("args") or []),
+                {**env, **(allocated.envs if allocated else {})},
+                mounts=allocated.mounts if allocated else (),
+                annotations=dict(allocated.annotations) if allocated else {},
+                cdi_devices=allocated.cdi_devices if allocated else (),
+                privileged=bool(context.get("privileged")),
+                add_capabilities=tuple(capabilities.get("add") or ()),
+                drop_capabilities=tuple(capabilities.get("drop") or ()),
+                handler=handler, sandbox_privileged=sandbox_privileged)
+            run.containers.append(ContainerRun(c["name"], request))
         return run
 
-    def container_view(self, pod: dict, c: dict) -> toolkit_rules.Container:
-        """What NVIDIA's runtime sees of a container before any device is allocated: its
-        environment (the image's, where the lab knows it, then the pod's) and privilege."""
+    def container_env(self, pod: dict, c: dict) -> dict[str, str]:
+        """The container's environment from the pod spec (and, for the simulated device
+        plugin, what its image sets)."""
         env = {"HOSTNAME": pod["metadata"]["name"]}
         if is_device_plugin(pod):
             env.update(DEVICE_PLUGIN_IMAGE_ENV)
         for item in c.get("env") or []:
             env[item["name"]] = self._env_value(pod, item)
-        context = {**(pod["spec"].get("securityContext") or {}), **(c.get("securityContext") or {})}
-        return toolkit_rules.Container(env, privileged=toolkit_rules.is_privileged(context))
+        return env
+
+    @staticmethod
+    def security_context(pod: dict, c: dict) -> dict:
+        return {**(pod["spec"].get("securityContext") or {}), **(c.get("securityContext") or {})}
+
+    def container_view(self, pod: dict, c: dict) -> toolkit_rules.Container:
+        """What NVIDIA's runtime sees of a container before any device is allocated: its
+        environment (the image's, where the lab knows it, then the pod's) and privilege."""
+        return toolkit_rules.Container(
+            self.container_env(pod, c),
+            privileged=toolkit_rules.is_privileged(self.security_context(pod, c)))
 
     def _plugin_allocate(self, gpus: list[str],
                          node_gpus: list[str]) -> deviceplugin.AllocateResponse | str:
@@ -321,18 +337,15 @@ class Kubelet:
 
     # -- running pods ----------------------------------------------------------------------------
     def _advance(self, pod: dict, run: PodRun) -> None:
-        if run.failed_to_start:
-            self._waiting(pod, "CreateContainerError", run.failed_to_start)
-            return
         policy = pod["spec"].get("restartPolicy", "Always")
         clock = time.monotonic()
         for c in run.containers:
             if c.done:
                 continue
-            if c.process is None and clock >= c.next_start:
-                c.process = self.backend.start(self.name, f"{run.uid}-{c.name}", c.argv, c.env,
-                                               on_exit=self.cluster.wake)
-                c.started_at, c.exit_code = now(), None
+            if c.starting is not None and c.starting.done():
+                self._started(c, c.starting, clock)
+            elif c.process is None and c.starting is None and clock >= c.next_start:
+                self._start(c)
             if c.process is None:
                 continue
             c.log = c.process.output()
@@ -349,14 +362,40 @@ class Kubelet:
                 c.done = True
         self._report(pod, run)
 
+    def _start(self, c: ContainerRun) -> None:
+        """Ask the runtime for the container, in the cluster's pool of starters: a runtime
+        takes a few tenths of a second per container (sandbox, NVIDIA's runtime, runc), and
+        the pods of all nodes start side by side, as each node's kubelet starts its own."""
+        c.starting = self.cluster.starters.submit(
+            self.backend.start, self.name, dataclasses.replace(c.request, attempt=c.restarts),
+            on_exit=self.cluster.wake)
+        c.starting.add_done_callback(lambda _: self.cluster.wake())
+
+    @staticmethod
+    def _started(c: ContainerRun, starting: concurrent.futures.Future, clock: float) -> None:
+        """The start's outcome; a refusal leaves the container waiting with the reason, tried
+        again after a back-off (as the kubelet's ErrImagePull / CreateContainerError)."""
+        c.starting = None
+        exc = starting.exception()
+        if isinstance(exc, StartError):
+            c.waiting = (exc.reason, str(exc))
+            c.next_start = clock + BACKOFF_FIRST
+            return
+        if exc is not None:
+            raise exc
+        c.process = starting.result()
+        c.container_id = c.process.container_id
+        c.started_at, c.exit_code = now(), None
+
     def _report(self, pod: dict, run: PodRun) -> None:
         statuses = []
         for c in run.containers:
             spec_c = next(x for x in pod["spec"]["containers"] if x["name"] == c.name)
             cs = {"name": c.name, "image": spec_c.get("image", ""),
                   "imageID": spec_c.get("image", ""), "restartCount": c.restarts,
-                  "containerID": f"containerd://{run.uid.replace('-', '')}{c.restarts}",
                   "ready": c.process is not None, "started": c.process is not None}
+            if c.container_id:
+                cs["containerID"] = f"containerd://{c.container_id}"
             terminated = {"exitCode": c.exit_code, "startedAt": c.started_at,
                           "finishedAt": c.finished_at,
                           "reason": "Completed" if c.exit_code == 0 else "Error"}
@@ -372,7 +411,9 @@ class Kubelet:
                                                       f"{c.name}"}}
                 cs["lastState"] = {"terminated": terminated}
             else:
-                cs["state"] = {"waiting": {"reason": "ContainerCreating"}}
+                reason, message = c.waiting
+                cs["state"] = {"waiting": {"reason": reason, **({"message": message}
+                                                                 if message else {})}}
             statuses.append(cs)
         if run.simulated:
             statuses = [{"name": c["name"], "image": c.get("image", ""),
@@ -391,6 +432,7 @@ class Kubelet:
         self.cluster.update_pod_status(pod, phase, statuses, ready, run)
         if phase in ("Succeeded", "Failed"):
             self.runs.pop(run.uid, None)
+            self.backend.stop_pod(self.name, run.uid)
 
     def _waiting(self, pod: dict, reason: str, message: str = "") -> None:
         waiting = {"reason": reason, **({"message": message} if message else {})}
@@ -411,6 +453,9 @@ class Kubelet:
             if c.process is not None:
                 c.process.kill()
                 c.process = None
+            if c.starting is not None:  # a start under way: stop what it starts
+                c.starting.add_done_callback(_kill_started)
+                c.starting = None
 
     def logs(self, uid: str, container: str, previous: bool) -> tuple[str, bool] | None:
         run = self.runs.get(uid)
@@ -435,6 +480,7 @@ class Cluster:
         self.state_dir = state_dir
         self.tick = tick
         self.kubelets = {spec.name: Kubelet(self, spec) for spec in backend.nodes()}
+        self.starters = concurrent.futures.ThreadPoolExecutor(STARTERS, "container-start")
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._gpu_cache: dict[str, list[Gpu] | None] = {}
@@ -513,6 +559,7 @@ class Cluster:
         for kubelet in self.kubelets.values():
             for run in list(kubelet.runs.values()):
                 kubelet._stop(run)
+        self.starters.shutdown(wait=True)
 
     def wake(self) -> None:
         """Ask for a pass now: something the store does not hold changed (a pod's process
@@ -528,7 +575,8 @@ class Cluster:
         while not self._stop.is_set():
             with store.lock:
                 store.changed.wait_for(lambda last=seen: store.resource_version > last
-                                       or store.closed or self._woken, self.tick)
+                                       or store.closed or self._woken or self._stop.is_set(),
+                                       self.tick)
                 self._woken = False
             if self._stop.is_set():
                 return
@@ -992,6 +1040,11 @@ class Cluster:
                                              {"propagationPolicy": "Background"})
             if not left:
                 self.registry.store.remove(NAMESPACES, "", name)
+
+
+def _kill_started(starting: concurrent.futures.Future) -> None:
+    if starting.exception() is None:
+        starting.result().kill()
 
 
 def _guarded(step: Callable, *args: object) -> None:
