@@ -14,7 +14,7 @@ export PATH := $(BIN):$(PATH)
 
 LAB_INVENTORY := inventory/lab/hosts.yml
 
-.PHONY: help deps venv containerd-bins demo lab-up lab-down test test-unit test-lab test-molecule lint bench clean
+.PHONY: help deps venv containerd-bins docs demo lab-up lab-down test test-unit test-lab test-molecule lint bench clean
 
 help:
 	@echo "make demo   set everything up, bring up the 4-node lab, run site.yml on it"
@@ -38,6 +38,11 @@ venv: deps $(VENV)/.installed
 # api.proto the lab's kubelet is generated from.
 containerd-bins:
 	@bash scripts/fetch-containerd.sh
+
+# Each role's README "Role variables" table, from its meta/argument_specs.yml (the one
+# description of a variable; tests/unit/test_role_docs.py fails when they disagree).
+docs: venv
+	python scripts/role_docs.py
 
 lab-up: venv containerd-bins
 	gpuprov lab up

@@ -85,11 +85,8 @@ def node_read(text: Any) -> dict:
             dpkg_lines.append(rest)
         elif tag == "interrupted":
             state["interrupted"].append(rest)
-        elif tag == "module" and fields[0] == "nouveau":
-            state["nouveau_loaded"] = True
-        elif tag == "module" and fields[0] == "nvidia":
-            match = _MODULE_VERSION.search(rest)
-            state["module_version"] = match.group(1) if match else None
+        elif tag == "module":
+            _module_line(state, fields[0], rest)
         elif tag == "unit" and len(fields) == 3 and fields[0] == "nvidia-persistenced":
             state["persistenced"] = {"enabled": fields[1], "active": fields[2]}
         elif tag == "file":
@@ -99,17 +96,31 @@ def node_read(text: Any) -> dict:
         elif tag == "version" and len(fields) == 2 and fields[0].isdigit():
             state["version"] = {"rc": int(fields[0]), "output": fields[1]}
         elif tag == "content" and len(fields) == 2:
-            try:
-                text = base64.b64decode(fields[1], validate=True).decode()
-            except (ValueError, UnicodeDecodeError):
-                state["unreadable"].append(fields[0])
-            else:
-                state["contents"][fields[0]] = text
+            _content_line(state, fields[0], fields[1])
         elif tag == "error":
             state["unreadable"].append(rest)
     for package in _packages_module().parse_dpkg_query("\n".join(dpkg_lines)):
         state["packages"][package.pop("name")] = package
     return state
+
+
+def _module_line(state: dict, module: str, line: str) -> None:
+    """`module` lines: nouveau loaded, or nvidia's /proc/driver/nvidia/version line."""
+    if module == "nouveau":
+        state["nouveau_loaded"] = True
+    elif module == "nvidia":
+        match = _MODULE_VERSION.search(line)
+        state["module_version"] = match.group(1) if match else None
+
+
+def _content_line(state: dict, path: str, encoded: str) -> None:
+    """`content` lines: a file's text, base64; one that does not decode is unreadable."""
+    try:
+        text = base64.b64decode(encoded, validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        state["unreadable"].append(path)
+    else:
+        state["contents"][path] = text
 
 
 def package_facts(value: Any) -> dict:

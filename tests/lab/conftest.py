@@ -102,6 +102,8 @@ def playbook_failures(doc: dict) -> str:
             for host, result in task["hosts"].items():
                 if result.get("failed") or result.get("unreachable"):
                     lines.append(f"{host}: {task['task']['name']}: {result.get('msg')}")
+                    lines += [f"{host}: {task['task']['name']}: {item.get('msg')}"
+                              for item in result.get("results") or [] if item.get("failed")]
                 if task["task"]["name"] == "gpu_verify : Show the verify report":
                     lines += [str(line) for line in result.get("msg") or []]
     return "\n".join(lines)
@@ -263,9 +265,30 @@ def api_objects(lab: Lab) -> list[str]:
     return sorted(names)
 
 
+# A bad setting of a late stage, and one that only a role's argument_specs refuses: site.yml
+# must stop on each in its validate stage, before the first change (the driver stage).
+BAD_SETTINGS = {
+    "device-plugin": ("nvidia_device_plugin_time_slicing_replicas=0",
+                      "nvidia_device_plugin_time_slicing_replicas (0) must be 1"),
+    "labels-spec": ("gpu_node_labels_reprobe=perhaps", "gpu_node_labels_reprobe"),
+}
+
+
 @pytest.fixture(scope="session")
-def site_run(bare_lab, bare_check_run) -> tuple[int, dict]:
-    """The first `ansible-playbook site.yml` on the bare lab (after the check-mode run), run
-    once per session: the tests of site.yml read its result, and the tests of verify need
-    the converged lab."""
+def bare_invalid_runs(bare_lab, bare_check_run) -> dict[str, CheckRun]:
+    """site.yml on the bare lab with each of BAD_SETTINGS, with the nodes and the API before
+    and after."""
+    runs = {}
+    for name, (setting, _) in BAD_SETTINGS.items():
+        nodes, api = node_state(bare_lab), api_objects(bare_lab)
+        rc, doc = run_playbook(bare_lab, "site.yml", "-e", setting)
+        runs[name] = CheckRun(rc, doc, nodes, node_state(bare_lab), api, api_objects(bare_lab))
+    return runs
+
+
+@pytest.fixture(scope="session")
+def site_run(bare_lab, bare_check_run, bare_invalid_runs) -> tuple[int, dict]:
+    """The first `ansible-playbook site.yml` on the bare lab (after the check-mode run and the
+    runs with bad settings), run once per session: the tests of site.yml read its result, and
+    the tests of verify need the converged lab."""
     return run_playbook(bare_lab, "site.yml")

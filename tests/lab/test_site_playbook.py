@@ -8,7 +8,7 @@ changes nothing, and that `--check --diff` on the converged lab changes nothing 
 from __future__ import annotations
 
 import pytest
-from conftest import installed_packages, kube_api, playbook_failures
+from conftest import BAD_SETTINGS, installed_packages, kube_api, playbook_failures
 from kubernetes import client
 
 EXPECTED_BRANCH = {"gpu-kepler": 470, "gpu-pascal": 535, "gpu-hopper": 535, "cpu-only": None}
@@ -165,6 +165,22 @@ def test_check_mode_on_the_bare_lab_succeeds_and_changes_nothing(bare_check_run)
     # ... and makes none: packages, the roles' files and the API are as they were.
     for node, before in run.nodes_before.items():
         assert run.nodes_after[node] == before, f"{node} changed in check mode"
+    assert run.api_after == run.api_before
+
+
+@pytest.mark.parametrize("name", sorted(BAD_SETTINGS))
+def test_a_bad_setting_of_any_stage_stops_site_yml_before_the_first_change(
+        bare_invalid_runs, name):
+    run, (setting, words) = bare_invalid_runs[name], BAD_SETTINGS[name]
+    assert run.rc == 2, playbook_failures(run.doc)
+    failures = playbook_failures(run.doc)
+    assert words in failures, failures
+    # It stopped in the validate stage: no driver stage task ran, nothing changed anywhere.
+    plays = [p["play"]["name"] for p in run.doc["plays"]]
+    assert plays[-1].startswith("Validate"), plays
+    assert all(s["changed"] == 0 for s in run.doc["stats"].values()), run.doc["stats"]
+    for node, before in run.nodes_before.items():
+        assert run.nodes_after[node] == before, f"{node} changed with {setting}"
     assert run.api_after == run.api_before
 
 

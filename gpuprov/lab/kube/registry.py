@@ -1,8 +1,8 @@
 """API semantics on top of the store: what a real API server does between the HTTP request and
-etcd. Defaulting, validation (the official schemas plus the semantic rules the emulated
-workloads rely on), namespaces, preconditions, subresources, graceful deletion, propagation,
-eviction. The HTTP layer and the simulated controllers both go through here, so a controller
-cannot write an object a client could not.
+etcd. Defaulting, validation (validation.py: the official schemas plus the semantic rules the
+emulated workloads rely on), namespaces, preconditions, subresources, graceful deletion,
+propagation, eviction. The HTTP layer and the simulated controllers both go through here, so a
+controller cannot write an object a client could not.
 """
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ from __future__ import annotations
 import copy
 import datetime
 import random
-import re
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from gpuprov.lab.kube import patch as patching
-from gpuprov.lab.kube import resources, schema, selectors
+from gpuprov.lab.kube import resources, schema, selectors, validation
 from gpuprov.lab.kube.errors import ApiError
 from gpuprov.lab.kube.resources import ResourceType
 from gpuprov.lab.kube.store import Store, now
@@ -29,10 +28,6 @@ BUILTIN_PRIORITY_CLASSES = {"system-node-critical": 2000001000,
                             "system-cluster-critical": 2000000000}
 GPU = "nvidia.com/gpu"
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _NAME_SUFFIX = "bcdfghjklmnpqrstvwxz2456789"  # the alphabet of Kubernetes' generateName
 # Kinds whose spec changes bump metadata.generation.
 _GENERATION_KINDS = {"DaemonSet", "Job", "PodDisruptionBudget"}
@@ -115,7 +110,7 @@ class Registry:
         self._check_namespace(rt, obj)
         self._default(rt, obj)
         self._admit(rt, obj, None)
-        self._validate(rt, obj)
+        validation.validate(rt, obj, self)
         if dry_run:
             if self.find(rt, meta.get("namespace", ""), meta["name"]) is not None:
                 raise ApiError.already_exists(rt.group, rt.plural, meta["name"])
@@ -175,7 +170,7 @@ class Registry:
                 new["metadata"][fixed] = old["metadata"][fixed]
         self._default(rt, new)
         self._admit(rt, new, old)
-        self._validate(rt, new)
+        validation.validate(rt, new, self)
         if dry_run:
             return new
         if (old["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers")
@@ -188,26 +183,12 @@ class Registry:
                options: dict | None = None, dry_run: bool = False) -> dict:
         options = options or {}
         obj = self.get(rt, namespace, name)
-        pre = options.get("preconditions") or {}
-        if pre.get("uid") and pre["uid"] != obj["metadata"]["uid"]:
-            raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: "
-                           f"{pre['uid']}, UID in object meta: {obj['metadata']['uid']}")
-        if pre.get("resourceVersion") and pre["resourceVersion"] != \
-                obj["metadata"]["resourceVersion"]:
-            raise ApiError.conflict(rt.group, rt.plural, name)
+        _check_preconditions(rt, obj, options.get("preconditions") or {})
         if rt is NAMESPACES and name in SYSTEM_NAMESPACES[:3]:
             raise ApiError.forbidden("", "namespaces", name, "this namespace may not be deleted")
         if dry_run:
             return obj
-        policy = options.get("propagationPolicy")
-        if policy is None and options.get("orphanDependents") is not None:
-            policy = "Orphan" if options["orphanDependents"] else "Background"
-        if policy is None:
-            # batch/v1 Job still defaults to orphaning its pods when deleted through the API
-            # (kubectl passes Background explicitly); clients that forget see stray pods.
-            policy = "Orphan" if rt.kind == "Job" else "Background"
-        if policy not in ("Orphan", "Background", "Foreground"):
-            raise ApiError.bad_request(f"unknown propagationPolicy {policy!r}")
+        policy = _propagation_policy(rt, options)
         if policy == "Orphan":
             self._orphan_dependents(obj)
         meta = obj["metadata"]
@@ -222,26 +203,30 @@ class Registry:
         if policy == "Foreground":
             finalizers.append("foregroundDeletion")
         if rt is PODS:
-            grace = options.get("gracePeriodSeconds")
-            if grace is None:
-                grace = obj["spec"].get("terminationGracePeriodSeconds", 30)
-            running = obj["spec"].get("nodeName") and not is_terminal(obj)
-            if (running and int(grace) > 0) or finalizers:
-                # The kubelet stops the containers, then removes the pod.
-                marked = {**meta, "deletionTimestamp": later(int(grace)),
-                          "deletionGracePeriodSeconds": int(grace)}
-                if finalizers:
-                    marked["finalizers"] = finalizers
-                return self.store.update(rt, {**obj, "metadata": marked})
-            gone = self.store.remove(rt, namespace, name)
-            if self.on_pod_deleted is not None:
-                self.on_pod_deleted(gone)
-            return gone
+            return self._delete_pod(obj, options, finalizers)
         if finalizers:
             return self.store.update(rt, {**obj, "metadata": {
                 **meta, "deletionTimestamp": now(), "deletionGracePeriodSeconds": 0,
                 "finalizers": finalizers}})
         return self.store.remove(rt, namespace if rt.namespaced else "", name)
+
+    def _delete_pod(self, pod: dict, options: dict, finalizers: list[str]) -> dict:
+        meta = pod["metadata"]
+        grace = options.get("gracePeriodSeconds")
+        if grace is None:
+            grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        running = pod["spec"].get("nodeName") and not is_terminal(pod)
+        if (running and int(grace) > 0) or finalizers:
+            # The kubelet stops the containers, then removes the pod.
+            marked = {**meta, "deletionTimestamp": later(int(grace)),
+                      "deletionGracePeriodSeconds": int(grace)}
+            if finalizers:
+                marked["finalizers"] = finalizers
+            return self.store.update(PODS, {**pod, "metadata": marked})
+        gone = self.store.remove(PODS, meta["namespace"], meta["name"])
+        if self.on_pod_deleted is not None:
+            self.on_pod_deleted(gone)
+        return gone
 
     def finish_pod_deletion(self, pod: dict) -> None:
         """The kubelet's last step: the containers are stopped, the pod object goes."""
@@ -460,35 +445,29 @@ class Registry:
         else:
             spec.setdefault("priority", 0)
 
-    def _validate(self, rt: ResourceType, obj: dict) -> None:
-        meta = obj["metadata"]
-        name = meta.get("name", "")
-        causes: list[tuple[str, str, str]] = []
-        pattern = _DNS_LABEL if rt.kind == "Namespace" else _DNS_SUBDOMAIN
-        limit = 63 if rt.kind == "Namespace" else 253
-        if not pattern.match(name) or len(name) > limit:
-            causes.append(("FieldValueInvalid", "metadata.name",
-                           f"Invalid value: {name!r}: a lowercase RFC 1123 "
-                           f"{'label' if limit == 63 else 'subdomain'} must consist of lower "
-                           "case alphanumeric characters, '-' or '.', and must start and end "
-                           "with an alphanumeric character"))
-        for key, value in (meta.get("labels") or {}).items():
-            prefix, _, label = key.rpartition("/")
-            if (not _LABEL_NAME.match(label) or len(label) > 63
-                    or (prefix and not _DNS_SUBDOMAIN.match(prefix))):
-                causes.append(("FieldValueInvalid", "metadata.labels",
-                               f"Invalid value: {key!r}: name part must consist of "
-                               "alphanumeric characters, '-', '_' or '.'"))
-            if not isinstance(value, str) or not _LABEL_VALUE.match(value) or len(value) > 63:
-                causes.append(("FieldValueInvalid", "metadata.labels",
-                               f"Invalid value: {value!r}: a valid label must be an empty "
-                               "string or consist of alphanumeric characters, '-', '_' or "
-                               "'.', and must start and end with an alphanumeric character"))
-        causes += schema.validate(obj)
-        if not causes:
-            causes += _semantic_causes(rt, obj, self)
-        if causes:
-            raise ApiError.invalid(rt.group, rt.kind, name, causes)
+
+def _check_preconditions(rt: ResourceType, obj: dict, pre: dict) -> None:
+    """A delete's preconditions: 409 when the object is not the one the client meant."""
+    if pre.get("uid") and pre["uid"] != obj["metadata"]["uid"]:
+        raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: "
+                       f"{pre['uid']}, UID in object meta: {obj['metadata']['uid']}")
+    if pre.get("resourceVersion") and pre["resourceVersion"] != \
+            obj["metadata"]["resourceVersion"]:
+        raise ApiError.conflict(rt.group, rt.plural, obj["metadata"]["name"])
+
+
+def _propagation_policy(rt: ResourceType, options: dict) -> str:
+    """A delete's propagation policy, from the options or the kind's default."""
+    policy = options.get("propagationPolicy")
+    if policy is None and options.get("orphanDependents") is not None:
+        policy = "Orphan" if options["orphanDependents"] else "Background"
+    if policy is None:
+        # batch/v1 Job still defaults to orphaning its pods when deleted through the API
+        # (kubectl passes Background explicitly); clients that forget see stray pods.
+        policy = "Orphan" if rt.kind == "Job" else "Background"
+    if policy not in ("Orphan", "Background", "Foreground"):
+        raise ApiError.bad_request(f"unknown propagationPolicy {policy!r}")
+    return policy
 
 
 def pod_ready(pod: dict) -> bool:
@@ -535,100 +514,3 @@ def qos_class(spec: dict) -> str:
             for k in ("cpu", "memory")) and {"cpu", "memory"} <= set(r.get("limits") or {})
         for r in res)
     return "Guaranteed" if guaranteed else "Burstable"
-
-
-def _semantic_causes(rt: ResourceType, obj: dict, registry: Registry) -> list:
-    """The semantic rules (beyond the schema) for the fields the emulated workloads use."""
-    causes: list[tuple[str, str, str]] = []
-    if rt.kind == "Pod":
-        causes += _pod_spec_causes(obj["spec"], "spec")
-        old = registry.find(PODS, obj["metadata"]["namespace"], obj["metadata"]["name"])
-        if old is not None and old["metadata"]["uid"] == obj["metadata"]["uid"]:
-            causes += _pod_update_causes(old["spec"], obj["spec"])
-    elif rt.kind in ("DaemonSet", "Job"):
-        spec = obj["spec"]
-        template = spec.get("template") or {}
-        causes += _pod_spec_causes(template.get("spec") or {}, "spec.template.spec")
-        policy = (template.get("spec") or {}).get("restartPolicy")
-        allowed = ("Always",) if rt.kind == "DaemonSet" else ("OnFailure", "Never")
-        if policy not in allowed:
-            causes.append(("FieldValueNotSupported", "spec.template.spec.restartPolicy",
-                           f"Unsupported value: {policy!r}: supported values: "
-                           + ", ".join(f'"{a}"' for a in allowed)))
-        reqs = selectors.from_label_selector_object(spec.get("selector"))
-        if reqs is None:
-            causes.append(("FieldValueRequired", "spec.selector", "Required value"))
-        elif not reqs or not selectors.matches_all(
-                reqs, (template.get("metadata") or {}).get("labels")):
-            causes.append(("FieldValueInvalid", "spec.template.metadata.labels",
-                           "Invalid value: `selector` does not match template `labels`"))
-        old = registry.find(rt, obj["metadata"]["namespace"], obj["metadata"]["name"])
-        if old is not None and old["metadata"]["uid"] == obj["metadata"]["uid"]:
-            immutable = ["selector"] + (["template"] if rt.kind == "Job" else [])
-            for key in immutable:
-                if old["spec"].get(key) != spec.get(key):
-                    causes.append(("FieldValueInvalid", f"spec.{key}",
-                                   "Invalid value: field is immutable"))
-    return causes
-
-
-def _pod_spec_causes(spec: dict, path: str) -> list:
-    causes = []
-    containers = spec.get("containers") or []
-    if not containers:
-        causes.append(("FieldValueRequired", f"{path}.containers", "Required value"))
-    seen = set()
-    for group in ("initContainers", "containers"):
-        for i, c in enumerate(spec.get(group) or []):
-            where = f"{path}.{group}[{i}]"
-            name = c.get("name", "")
-            if not _DNS_LABEL.match(name):
-                causes.append(("FieldValueInvalid", f"{where}.name",
-                               f"Invalid value: {name!r}: a lowercase RFC 1123 label"))
-            if name in seen:
-                causes.append(("FieldValueDuplicate", f"{where}.name",
-                               f"Duplicate value: {name!r}"))
-            seen.add(name)
-            if not c.get("image"):
-                causes.append(("FieldValueRequired", f"{where}.image", "Required value"))
-            res = c.get("resources") or {}
-            limits, requests = res.get("limits") or {}, res.get("requests") or {}
-            for key in set(limits) | set(requests):
-                if "/" not in key or key.startswith("kubernetes.io/"):
-                    continue  # extended resources only: cpu/memory are not emulated
-                if key not in limits:
-                    causes.append(("FieldValueRequired", f"{where}.resources.limits",
-                                   f"Required value: Limit must be set for non overcommitable "
-                                   f"resources: {key}"))
-                elif key in requests and str(requests[key]) != str(limits[key]):
-                    causes.append(("FieldValueInvalid", f"{where}.resources.requests[{key}]",
-                                   f"Invalid value: {requests[key]!r}: must be equal to {key} "
-                                   "limit"))
-                elif not str(limits[key]).isdigit():
-                    causes.append(("FieldValueInvalid", f"{where}.resources.limits[{key}]",
-                                   f"Invalid value: {limits[key]!r}: must be an integer"))
-    return causes
-
-
-_POD_MUTABLE = ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds",
-                "nodeName", "schedulingGates")
-
-
-def _pod_update_causes(old: dict, new: dict) -> list:
-    def frozen(spec: dict) -> dict:
-        out = {k: v for k, v in spec.items() if k not in _POD_MUTABLE}
-        out["containers"] = [{k: v for k, v in c.items() if k != "image"}
-                             for c in spec.get("containers") or []]
-        return out
-
-    causes = []
-    if frozen(old) != frozen(new):
-        causes.append(("FieldValueForbidden", "spec",
-                       "Forbidden: pod updates may not change fields other than "
-                       "`spec.containers[*].image`, `spec.activeDeadlineSeconds`, "
-                       "`spec.tolerations` (only additions to existing tolerations), "
-                       "`spec.terminationGracePeriodSeconds`"))
-    if old.get("nodeName") and new.get("nodeName") != old.get("nodeName"):
-        causes.append(("FieldValueForbidden", "spec.nodeName",
-                       "Forbidden: pod updates may not change nodeName"))
-    return causes

@@ -24,6 +24,7 @@ from gpuprov.lab.kube import resources, selectors
 from gpuprov.lab.kube.errors import ApiError
 from gpuprov.lab.kube.registry import PODS, Registry
 from gpuprov.lab.kube.resources import ResourceType
+from gpuprov.lab.kube.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -162,63 +163,79 @@ class _Handler(BaseHTTPRequestHandler):
                             .status())
 
     def _handle(self, method: str, path: str, query: dict, body: Any) -> None:
-        api = self.server.api
         parts = [p for p in path.split("/") if p]
-        if method == "GET":
-            doc = self._discovery(parts)
-            if doc is not None:
-                if isinstance(doc, str):
-                    self._send_text(200, doc)
-                else:
-                    self._send_json(200, doc)
-                return
-        if len(parts) >= 2 and parts[0] == "api":
-            group, version, rest = "", parts[1], parts[2:]
-        elif len(parts) >= 3 and parts[0] == "apis":
-            group, version, rest = parts[1], parts[2], parts[3:]
-        else:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        rt, namespace, name, sub = self._resolve(group, version, rest)
-        reg = api.registry
-        dry_run = query.get("dryRun") == "All"
-        watch = query.get("watch") in ("true", "1")
+        if method == "GET" and self._serve_discovery(parts):
+            return
+        rt, namespace, name, sub = self._resolve(*_api_path(parts))
         if sub and rt.subresource(sub) is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if method == "GET":
-            if watch:
-                self._watch(rt, namespace, name, query)
-            elif sub == "log":
-                self._log(namespace or "", name, query)
-            elif name:
-                self._send_json(200, reg.get(rt, namespace or "", name))
-            else:
-                self._list(rt, namespace, query)
+            self._get(rt, namespace, name, sub, query)
         elif method == "POST":
-            if sub == "eviction":
-                self._send_json(201, reg.evict(namespace or "", name, body))
-            elif sub == "binding":
-                self._send_json(201, reg.bind(namespace or "", name, body))
-            elif name or sub:
-                raise ApiError.method_not_allowed()
-            else:
-                self._send_json(201, reg.create(rt, namespace or "", body, dry_run))
-        elif method == "PUT" and name:
-            self._send_json(200, reg.replace(rt, namespace or "", name, body, sub, dry_run))
-        elif method == "PATCH" and name:
-            ctype = self.headers.get("Content-Type", "application/merge-patch+json")
-            self._send_json(200, reg.patch(rt, namespace or "", name, ctype, body, sub,
-                                           dry_run))
-        elif method == "DELETE" and name and not sub:
-            options = {**(body or {}), **_delete_query(query)}
-            self._send_json(200, reg.delete(rt, namespace or "", name, options, dry_run))
+            self._post(rt, namespace or "", name, sub, query, body)
+        elif method in ("PUT", "PATCH") and name:
+            self._update(method, rt, namespace or "", name, sub, query, body)
         elif method == "DELETE" and not sub:
-            options = {**(body or {}), **_delete_query(query)}
-            reg.delete_collection(rt, namespace, query.get("labelSelector"),
-                                  query.get("fieldSelector"), options, dry_run)
-            self._send_json(200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                                  "status": "Success"})
+            self._delete(rt, namespace, name, query, body)
         else:
             raise ApiError.method_not_allowed()
+
+    def _serve_discovery(self, parts: list[str]) -> bool:
+        doc = self._discovery(parts)
+        if doc is None:
+            return False
+        if isinstance(doc, str):
+            self._send_text(200, doc)
+        else:
+            self._send_json(200, doc)
+        return True
+
+    # -- verbs ---------------------------------------------------------------------------------
+    def _get(self, rt: ResourceType, namespace: str | None, name: str, sub: str,
+             query: dict) -> None:
+        if query.get("watch") in ("true", "1"):
+            self._watch(rt, namespace, name, query)
+        elif sub == "log":
+            self._log(namespace or "", name, query)
+        elif name:
+            self._send_json(200, self.server.api.registry.get(rt, namespace or "", name))
+        else:
+            self._list(rt, namespace, query)
+
+    def _post(self, rt: ResourceType, namespace: str, name: str, sub: str, query: dict,
+              body: Any) -> None:
+        reg = self.server.api.registry
+        if sub == "eviction":
+            self._send_json(201, reg.evict(namespace, name, body))
+        elif sub == "binding":
+            self._send_json(201, reg.bind(namespace, name, body))
+        elif name or sub:
+            raise ApiError.method_not_allowed()
+        else:
+            self._send_json(201, reg.create(rt, namespace, body, _dry_run(query)))
+
+    def _update(self, method: str, rt: ResourceType, namespace: str, name: str, sub: str,
+                query: dict, body: Any) -> None:
+        reg = self.server.api.registry
+        if method == "PUT":
+            self._send_json(200, reg.replace(rt, namespace, name, body, sub, _dry_run(query)))
+        else:
+            ctype = self.headers.get("Content-Type", "application/merge-patch+json")
+            self._send_json(200, reg.patch(rt, namespace, name, ctype, body, sub,
+                                           _dry_run(query)))
+
+    def _delete(self, rt: ResourceType, namespace: str | None, name: str, query: dict,
+                body: Any) -> None:
+        reg = self.server.api.registry
+        options = {**(body or {}), **_delete_query(query)}
+        if name:
+            self._send_json(200, reg.delete(rt, namespace or "", name, options,
+                                            _dry_run(query)))
+            return
+        reg.delete_collection(rt, namespace, query.get("labelSelector"),
+                              query.get("fieldSelector"), options, _dry_run(query))
+        self._send_json(200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                              "status": "Success"})
 
     def _discovery(self, parts: list[str]) -> dict | str | None:
         if parts in (["healthz"], ["livez"], ["readyz"]):
@@ -268,32 +285,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _watch(self, rt: ResourceType, namespace: str | None, name: str, query: dict) -> None:
         store = self.server.api.registry.store
-        field_sel = query.get("fieldSelector")
-        if name:
-            field_sel = ",".join(filter(None, [field_sel, f"metadata.name={name}"]))
-        accept = selectors.object_filter(query.get("labelSelector"), field_sel,
-                                         rt.selectable_fields)
-
-        def visible(obj: dict | None) -> bool:
-            if obj is None:
-                return False
-            if namespace is not None and obj["metadata"].get("namespace") != namespace:
-                return False
-            return accept(obj)
-
+        visible = _watch_filter(rt, namespace, name, query)
         timeout = float(query.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
         deadline = time.monotonic() + timeout
-        since = query.get("resourceVersion") or ""
-        lines: list[dict] = []
-        with store.lock:
-            if since in ("", "0"):
-                cursor = store.resource_version
-                for obj in store.list(rt, namespace, visible)[0]:
-                    lines.append({"type": "ADDED", "object": obj})
-            else:
-                if not since.isdigit():
-                    raise ApiError.bad_request(f"invalid resourceVersion {since!r}")
-                cursor = int(since)
+        cursor, lines = _watch_start(store, rt, namespace, visible,
+                                     query.get("resourceVersion") or "")
         self._start_chunked("application/json")
         while True:
             for line in lines:
@@ -303,29 +299,7 @@ class _Handler(BaseHTTPRequestHandler):
             if remaining <= 0 or store.closed:
                 break
             store.wait(cursor, min(remaining, 5.0))
-            with store.lock:
-                try:
-                    events = list(store.events_after(cursor))
-                except ApiError as err:
-                    lines.append({"type": "ERROR", "object": err.status()})
-                    events = []
-            for ev in events:
-                cursor = ev.rv
-                if ev.rtype != rt.key:
-                    continue
-                now_in, was_in = visible(ev.obj), visible(ev.old)
-                if ev.type == "DELETED":
-                    kind = "DELETED" if was_in else None
-                elif now_in and was_in:
-                    kind = "MODIFIED"
-                elif now_in:
-                    kind = "ADDED"
-                elif was_in:
-                    kind = "DELETED"
-                else:
-                    kind = None
-                if kind:
-                    lines.append({"type": kind, "object": ev.obj})
+            cursor, lines = _watch_events(store, rt, cursor, visible)
             if lines and lines[-1]["type"] == "ERROR":
                 for line in lines:
                     self._chunk(json.dumps(line).encode() + b"\n")
@@ -368,6 +342,90 @@ class _Handler(BaseHTTPRequestHandler):
             self._chunk(text[sent:].encode())
             sent = len(text)
         self._end_chunked()
+
+
+def _api_path(parts: list[str]) -> tuple[str, str, list[str]]:
+    """(group, version, the rest) of an /api/<version>/... or /apis/<group>/<version>/...
+    path."""
+    if len(parts) >= 2 and parts[0] == "api":
+        return "", parts[1], parts[2:]
+    if len(parts) >= 3 and parts[0] == "apis":
+        return parts[1], parts[2], parts[3:]
+    raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+
+def _dry_run(query: dict) -> bool:
+    return query.get("dryRun") == "All"
+
+
+def _watch_filter(rt: ResourceType, namespace: str | None, name: str,
+                  query: dict) -> Callable[[dict | None], bool]:
+    """Whether an object (or None) is in the watch's selection."""
+    field_sel = query.get("fieldSelector")
+    if name:
+        field_sel = ",".join(filter(None, [field_sel, f"metadata.name={name}"]))
+    accept = selectors.object_filter(query.get("labelSelector"), field_sel,
+                                     rt.selectable_fields)
+
+    def visible(obj: dict | None) -> bool:
+        if obj is None:
+            return False
+        if namespace is not None and obj["metadata"].get("namespace") != namespace:
+            return False
+        return accept(obj)
+
+    return visible
+
+
+def _watch_start(store: Store, rt: ResourceType, namespace: str | None,
+                 visible: Callable[[dict | None], bool], since: str) -> tuple[int, list[dict]]:
+    """Where a watch starts (a resourceVersion) and its first lines: without a version (or
+    with "0"), an ADDED event for every object in the selection now."""
+    lines: list[dict] = []
+    with store.lock:
+        if since in ("", "0"):
+            cursor = store.resource_version
+            for obj in store.list(rt, namespace, visible)[0]:
+                lines.append({"type": "ADDED", "object": obj})
+        else:
+            if not since.isdigit():
+                raise ApiError.bad_request(f"invalid resourceVersion {since!r}")
+            cursor = int(since)
+    return cursor, lines
+
+
+def _watch_events(store: Store, rt: ResourceType, cursor: int,
+                  visible: Callable[[dict | None], bool]) -> tuple[int, list[dict]]:
+    """The watch's lines for the changes after cursor, and the new cursor; a lone ERROR line
+    when those changes are compacted away (410)."""
+    with store.lock:
+        try:
+            events = list(store.events_after(cursor))
+        except ApiError as err:
+            return cursor, [{"type": "ERROR", "object": err.status()}]
+    lines = []
+    for ev in events:
+        cursor = ev.rv
+        if ev.rtype != rt.key:
+            continue
+        kind = _watch_event_type(ev.type, visible(ev.obj), visible(ev.old))
+        if kind:
+            lines.append({"type": kind, "object": ev.obj})
+    return cursor, lines
+
+
+def _watch_event_type(change: str, now_in: bool, was_in: bool) -> str | None:
+    """What a change is to a watcher of a selection: an object entering it is ADDED, one
+    leaving it DELETED, one changing within it MODIFIED."""
+    if change == "DELETED":
+        return "DELETED" if was_in else None
+    if now_in and was_in:
+        return "MODIFIED"
+    if now_in:
+        return "ADDED"
+    if was_in:
+        return "DELETED"
+    return None
 
 
 def _container_started(pod: dict, container: str) -> bool:

@@ -1,0 +1,388 @@
+"""The kubelet of each emulated node, with its device manager: admits the pods bound to its node
+(allocating GPUs through the node's device plugin), runs their containers through the node's
+runtime (the NodeBackend), restarts them with back-off, reports container statuses and the pod
+phase, keeps their logs, and removes pods being deleted once their containers are stopped.
+kubernetes pkg/kubelet (and kwok's pod controller, which plays the kubelet's part for the pods
+of fake nodes). Container processes run in their own threads and report back through the
+registry, like any client.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gpuprov.lab.kube import deviceplugin, selectors
+from gpuprov.lab.kube.backend import (
+    ContainerRequest,
+    Gpu,
+    NodeBackend,
+    NodeSpec,
+    Process,
+    StartError,
+)
+from gpuprov.lab.kube.controllers import guarded
+from gpuprov.lab.kube.objects import is_device_plugin
+from gpuprov.lab.kube.registry import GPU, NODES, PODS, R, gpu_request, is_terminal
+from gpuprov.lab.kube.store import now
+from gpuprov.lab.toolkit import toolkit_rules
+
+if TYPE_CHECKING:
+    from gpuprov.lab.kube.cluster import Cluster
+
+# The environment NVIDIA's device plugin image sets (NVIDIA/k8s-device-plugin
+# deployments/container/Dockerfile): the plugin asks NVIDIA's runtime for every GPU.
+DEVICE_PLUGIN_IMAGE_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+# Restart back-off for crashing containers: the kubelet's 10 s .. 5 min, shortened so tests
+# and the lab see restarts within seconds.
+BACKOFF_FIRST, BACKOFF_MAX = 1.0, 10.0
+
+
+def sync_kubelets(cluster: Cluster) -> None:
+    """Hand each node's kubelet the pods bound to its node."""
+    pods = cluster.registry.list(PODS)[0]
+    by_node: dict[str, list[dict]] = {name: [] for name in cluster.kubelets}
+    for pod in pods:
+        node = pod["spec"].get("nodeName")
+        if node in by_node:
+            by_node[node].append(pod)
+        elif node and pod["metadata"].get("deletionTimestamp"):
+            # No kubelet will ever confirm: the pod GC force-deletes it.
+            cluster.registry.finish_pod_deletion(pod)
+    for name, kubelet in cluster.kubelets.items():
+        guarded(kubelet.sync, by_node[name])
+
+
+@dataclass
+class ContainerRun:
+    name: str
+    request: ContainerRequest
+    process: Process | None = None
+    starting: concurrent.futures.Future | None = None  # the runtime's start, under way
+    container_id: str = ""
+    waiting: tuple[str, str] = ("ContainerCreating", "")  # (reason, message) before a start
+    started_at: str = ""
+    restarts: int = 0
+    exit_code: int | None = None
+    finished_at: str = ""
+    previous_log: str = ""
+    log: str = ""
+    next_start: float = 0.0
+    done: bool = False
+
+
+@dataclass
+class PodRun:
+    uid: str
+    namespace: str
+    name: str
+    gpus: list[str]
+    containers: list[ContainerRun] = field(default_factory=list)
+    simulated: bool = False  # the device plugin: no process, running until deleted
+
+
+class Kubelet:
+    """One node's kubelet and device manager."""
+
+    def __init__(self, cluster: Cluster, spec: NodeSpec) -> None:
+        self.cluster = cluster
+        self.spec = spec
+        self.name = spec.name
+        self.runs: dict[str, PodRun] = {}
+
+    @property
+    def backend(self) -> NodeBackend:
+        return self.cluster.backend
+
+    def healthy_gpus(self) -> list[Gpu]:
+        return [g for g in self.cluster.gpus_of(self.name) if g.healthy]
+
+    def allocate(self, uid: str, count: int) -> list[str] | None:
+        if count == 0:
+            return []
+        held = set()
+        if "double-allocate" not in self.cluster.faults(self.name):
+            for run in self.runs.values():
+                if run.uid != uid:
+                    held.update(run.gpus)
+        free = [g.uuid for g in self.healthy_gpus() if g.uuid not in held]
+        return free[:count] if len(free) >= count else None
+
+    def sync(self, pods: list[dict]) -> None:
+        alive = {p["metadata"]["uid"] for p in pods}
+        for uid in list(self.runs):
+            if uid not in alive:
+                self._stop(self.runs.pop(uid))
+        # Sandboxes of pods that are gone, or being deleted, go (the pod's containers with them).
+        self.backend.collect(self.name, {p["metadata"]["uid"] for p in pods
+                                         if not p["metadata"].get("deletionTimestamp")})
+        node_faults = self.cluster.faults(self.name)
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            run = self.runs.get(uid)
+            if pod["metadata"].get("deletionTimestamp"):
+                if run is not None:
+                    self._stop(self.runs.pop(uid))
+                self.cluster.registry.finish_pod_deletion(pod)
+                continue
+            if is_terminal(pod):
+                if run is not None:
+                    self.runs.pop(uid)
+                continue
+            if run is None:
+                if "pod-stuck-pending" in node_faults or "node-notready" in node_faults:
+                    self._waiting(pod, "ContainerCreating")
+                    continue
+                run = self._admit(pod)
+                if run is None:
+                    continue
+                self.runs[uid] = run
+            self._advance(pod, run)
+
+    # -- starting pods ---------------------------------------------------------------------------
+    def _admit(self, pod: dict) -> PodRun | None:
+        meta, spec = pod["metadata"], pod["spec"]
+        want = gpu_request(spec)
+        if want:
+            node = self.cluster.registry.find(NODES, "", self.name) or {}
+            capacity = int((node.get("status", {}).get("allocatable") or {}).get(GPU, 0))
+            if capacity < want:
+                self._fail(pod, f"OutOf{GPU}", f"Node didn't have enough resource: {GPU}, "
+                           f"requested: {want}, used: 0, capacity: {capacity}")
+                return None
+        gpus = self.allocate(meta["uid"], want)
+        if gpus is None:
+            self._fail(pod, "UnexpectedAdmissionError",
+                       f"Allocate failed due to requested number of devices unavailable for "
+                       f"{GPU}. Requested: {want}")
+            return None
+        run = PodRun(meta["uid"], meta["namespace"], meta["name"], gpus)
+        if is_device_plugin(pod):
+            run.simulated = True
+            return run
+        node_gpus = [g.uuid for g in self.cluster.gpus_of(self.name)]
+        answer = self._plugin_allocate(gpus, node_gpus) if gpus else None
+        if isinstance(answer, str):
+            self._fail(pod, "UnexpectedAdmissionError", answer)
+            return None
+        handler = self._runtime_handler(spec) or ""
+        contexts = [self.security_context(pod, c) for c in spec.get("containers") or []]
+        sandbox_privileged = any(ctx.get("privileged") for ctx in contexts)
+        for c, context in zip(spec.get("containers") or [], contexts, strict=True):
+            env = self.container_env(pod, c)
+            allocated = answer if answer is not None and _requests_gpu(c) else None
+            capabilities = context.get("capabilities") or {}
+            # The kubelet adds the plugin's answer to the container's own settings; its
+            # environment variables come last and win.
+            request = ContainerRequest(
+                meta["uid"], meta["name"], meta["namespace"], c["name"], c.get("image", ""),
+                tuple(c.get("command") or []) + tuple(c.get("args") or []),
+                {**env, **(allocated.envs if allocated else {})},
+                mounts=allocated.mounts if allocated else (),
+                annotations=dict(allocated.annotations) if allocated else {},
+                cdi_devices=allocated.cdi_devices if allocated else (),
+                privileged=bool(context.get("privileged")),
+                add_capabilities=tuple(capabilities.get("add") or ()),
+                drop_capabilities=tuple(capabilities.get("drop") or ()),
+                handler=handler, sandbox_privileged=sandbox_privileged)
+            run.containers.append(ContainerRun(c["name"], request))
+        return run
+
+    def container_env(self, pod: dict, c: dict) -> dict[str, str]:
+        """The container's environment from the pod spec (and, for the simulated device
+        plugin, what its image sets)."""
+        env = {"HOSTNAME": pod["metadata"]["name"]}
+        if is_device_plugin(pod):
+            env.update(DEVICE_PLUGIN_IMAGE_ENV)
+        for item in c.get("env") or []:
+            env[item["name"]] = self._env_value(pod, item)
+        return env
+
+    @staticmethod
+    def security_context(pod: dict, c: dict) -> dict:
+        return {**(pod["spec"].get("securityContext") or {}), **(c.get("securityContext") or {})}
+
+    def container_view(self, pod: dict, c: dict) -> toolkit_rules.Container:
+        """What NVIDIA's runtime sees of a container before any device is allocated: its
+        environment (the image's, where the lab knows it, then the pod's) and privilege."""
+        return toolkit_rules.Container(
+            self.container_env(pod, c),
+            privileged=toolkit_rules.is_privileged(self.security_context(pod, c)))
+
+    def _plugin_allocate(self, gpus: list[str],
+                         node_gpus: list[str]) -> deviceplugin.AllocateResponse | str:
+        """The node's device plugin's Allocate answer for these GPUs (of the node's, in NVML
+        order), or why it failed."""
+        pods = self.cluster.registry.list(PODS, field_selector=f"spec.nodeName={self.name}")[0]
+        plugin = next((p for p in pods if is_device_plugin(p)
+                       and not p["metadata"].get("deletionTimestamp")), None)
+        if plugin is None:
+            return "no device plugin runs on the node"
+        try:
+            settings = deviceplugin.settings_from_pod(plugin)
+        except deviceplugin.AllocateError as exc:
+            return f"device plugin: {exc}"
+        return deviceplugin.allocate(settings, gpus, node_gpus)
+
+    def _runtime_handler(self, spec: dict) -> str | None:
+        name = spec.get("runtimeClassName")
+        if not name:
+            return None
+        rc = self.cluster.registry.find(R["RuntimeClass"], "", name)
+        return rc["handler"] if rc else name
+
+    @staticmethod
+    def _env_value(pod: dict, item: dict) -> str:
+        if "value" in item:
+            return str(item["value"])
+        ref = (item.get("valueFrom") or {}).get("fieldRef") or {}
+        return selectors.field_value(pod, ref.get("fieldPath", "")) if ref else ""
+
+    # -- running pods ----------------------------------------------------------------------------
+    def _advance(self, pod: dict, run: PodRun) -> None:
+        policy = pod["spec"].get("restartPolicy", "Always")
+        clock = time.monotonic()
+        for c in run.containers:
+            if c.done:
+                continue
+            if c.starting is not None and c.starting.done():
+                self._started(c, c.starting, clock)
+            elif c.process is None and c.starting is None and clock >= c.next_start:
+                self._start(c)
+            if c.process is None:
+                continue
+            c.log = c.process.output()
+            code = c.process.poll()
+            if code is None:
+                continue
+            c.log = c.process.output()
+            c.exit_code, c.finished_at, c.process = code, now(), None
+            if policy == "Always" or (policy == "OnFailure" and code != 0):
+                c.restarts += 1
+                c.previous_log = c.log
+                c.next_start = clock + min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (c.restarts - 1))
+            else:
+                c.done = True
+        self._report(pod, run)
+
+    def _start(self, c: ContainerRun) -> None:
+        """Ask the runtime for the container, in the cluster's pool of starters: a runtime
+        takes a few tenths of a second per container (sandbox, NVIDIA's runtime, runc), and
+        the pods of all nodes start side by side, as each node's kubelet starts its own."""
+        c.starting = self.cluster.starters.submit(
+            self.backend.start, self.name, dataclasses.replace(c.request, attempt=c.restarts),
+            on_exit=self.cluster.wake)
+        c.starting.add_done_callback(lambda _: self.cluster.wake())
+
+    @staticmethod
+    def _started(c: ContainerRun, starting: concurrent.futures.Future, clock: float) -> None:
+        """The start's outcome; a refusal leaves the container waiting with the reason, tried
+        again after a back-off (as the kubelet's ErrImagePull / CreateContainerError)."""
+        c.starting = None
+        exc = starting.exception()
+        if isinstance(exc, StartError):
+            c.waiting = (exc.reason, str(exc))
+            c.next_start = clock + BACKOFF_FIRST
+            return
+        if exc is not None:
+            raise exc
+        c.process = starting.result()
+        c.container_id = c.process.container_id
+        c.started_at, c.exit_code = now(), None
+
+    def _report(self, pod: dict, run: PodRun) -> None:
+        statuses = []
+        for c in run.containers:
+            spec_c = next(x for x in pod["spec"]["containers"] if x["name"] == c.name)
+            cs = {"name": c.name, "image": spec_c.get("image", ""),
+                  "imageID": spec_c.get("image", ""), "restartCount": c.restarts,
+                  "ready": c.process is not None, "started": c.process is not None}
+            if c.container_id:
+                cs["containerID"] = f"containerd://{c.container_id}"
+            terminated = {"exitCode": c.exit_code, "startedAt": c.started_at,
+                          "finishedAt": c.finished_at,
+                          "reason": "Completed" if c.exit_code == 0 else "Error"}
+            if c.process is not None:
+                cs["state"] = {"running": {"startedAt": c.started_at}}
+                if c.restarts:
+                    cs["lastState"] = {"terminated": terminated}
+            elif c.done:
+                cs["state"] = {"terminated": terminated}
+            elif c.exit_code is not None:
+                cs["state"] = {"waiting": {"reason": "CrashLoopBackOff",
+                                           "message": f"back-off restarting failed container "
+                                                      f"{c.name}"}}
+                cs["lastState"] = {"terminated": terminated}
+            else:
+                reason, message = c.waiting
+                cs["state"] = {"waiting": {"reason": reason, **({"message": message}
+                                                                 if message else {})}}
+            statuses.append(cs)
+        if run.simulated:
+            statuses = [{"name": c["name"], "image": c.get("image", ""),
+                         "imageID": c.get("image", ""), "restartCount": 0, "ready": True,
+                         "started": True, "state": {"running": {"startedAt": now()}},
+                         "containerID": f"containerd://{run.uid.replace('-', '')}"}
+                        for c in pod["spec"]["containers"]]
+        all_done = run.containers and all(c.done for c in run.containers)
+        if all_done:
+            phase = "Succeeded" if all(c.exit_code == 0 for c in run.containers) else "Failed"
+        else:
+            phase = "Running" if any(s["state"].get("running") or s["state"].get("terminated")
+                                     or s["state"].get("waiting", {}).get("reason") ==
+                                     "CrashLoopBackOff" for s in statuses) else "Pending"
+        ready = phase == "Running" and all(s["ready"] for s in statuses)
+        self.cluster.update_pod_status(pod, phase, statuses, ready, run)
+        if phase in ("Succeeded", "Failed"):
+            self.runs.pop(run.uid, None)
+            self.backend.stop_pod(self.name, run.uid)
+
+    def _waiting(self, pod: dict, reason: str, message: str = "") -> None:
+        waiting = {"reason": reason, **({"message": message} if message else {})}
+        statuses = [{"name": c["name"], "image": c.get("image", ""),
+                     "imageID": "", "restartCount": 0, "ready": False, "started": False,
+                     "state": {"waiting": waiting}} for c in pod["spec"]["containers"]]
+        self.cluster.update_pod_status(pod, "Pending", statuses, False, None)
+
+    def _fail(self, pod: dict, reason: str, message: str) -> None:
+        def mutate(status: dict) -> None:
+            status.update({"phase": "Failed", "reason": reason, "message": message})
+
+        self.cluster.mutate_status(pod, mutate)
+        self.cluster.event(pod, reason, message, "Warning")
+
+    def _stop(self, run: PodRun) -> None:
+        for c in run.containers:
+            if c.process is not None:
+                c.process.kill()
+                c.process = None
+            if c.starting is not None:  # a start under way: stop what it starts
+                c.starting.add_done_callback(_kill_started)
+                c.starting = None
+
+    def logs(self, uid: str, container: str, previous: bool) -> tuple[str, bool] | None:
+        run = self.runs.get(uid)
+        if run is None:
+            return None
+        if run.simulated:
+            return (f"I0000 simulated NVIDIA device plugin on {self.name}: "
+                    f"{len(self.healthy_gpus())} GPU(s), registered with the kubelet\n", True)
+        for c in run.containers:
+            if c.name == container:
+                if c.process is not None:
+                    c.log = c.process.output()
+                return (c.previous_log if previous else c.log), c.process is not None
+        return None
+
+
+def _requests_gpu(container: dict) -> bool:
+    limits = (container.get("resources") or {}).get("limits") or {}
+    return int(str(limits.get(GPU, 0))) > 0
+
+
+def _kill_started(starting: concurrent.futures.Future) -> None:
+    if starting.exception() is None:
+        starting.result().kill()
