@@ -52,11 +52,16 @@ def set_condition(conditions: list[dict], new: dict) -> list[dict]:
     return out
 
 
-def node_ready(node: dict) -> bool:
-    for cond in (node.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
+def condition_true(obj: dict, type_: str) -> bool:
+    """The object's status condition of this type is "True" (absent: False)."""
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
             return cond.get("status") == "True"
     return False
+
+
+def node_ready(node: dict) -> bool:
+    return condition_true(node, "Ready")
 
 
 def node_taints(node: dict) -> list[dict]:

@@ -17,6 +17,7 @@ from typing import Any
 from gpuprov.lab.kube import patch as patching
 from gpuprov.lab.kube import resources, schema, selectors, validation
 from gpuprov.lab.kube.errors import ApiError
+from gpuprov.lab.kube.objects import condition_true
 from gpuprov.lab.kube.resources import ResourceType
 from gpuprov.lab.kube.store import Store, now
 
@@ -471,10 +472,7 @@ def _propagation_policy(rt: ResourceType, options: dict) -> str:
 
 
 def pod_ready(pod: dict) -> bool:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return cond.get("status") == "True"
-    return False
+    return condition_true(pod, "Ready")
 
 
 def default_pod_spec(spec: dict) -> None:
