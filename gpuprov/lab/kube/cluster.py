@@ -2,9 +2,10 @@
 
 One thread runs level-triggered passes (after every change, and on a short tick): node
 status and device plugin registration, DaemonSet controller, Job controller, scheduler,
-kubelets, PodDisruptionBudget status, garbage collection and namespace termination. Container
-processes run in their own threads and report back through the registry, like any client.
-Every write goes through the registry, so it is defaulted and validated like a client's.
+kubelets, PodDisruptionBudget status, garbage collection and namespace termination.
+Containers start in a pool of starter threads and are followed by the backend's threads (a
+lab node's containerd, through the CRI). Every write goes through the registry, so it is
+defaulted and validated like a client's.
 
 This module holds the Cluster: its lifecycle, the loop and the services the controllers and
 kubelets share (events, status writes, pod logs, a node's GPUs and faults). The controllers are

@@ -3,8 +3,9 @@
 runtime (the NodeBackend), restarts them with back-off, reports container statuses and the pod
 phase, keeps their logs, and removes pods being deleted once their containers are stopped.
 kubernetes pkg/kubelet (and kwok's pod controller, which plays the kubelet's part for the pods
-of fake nodes). Container processes run in their own threads and report back through the
-registry, like any client.
+of fake nodes). Containers are started in the cluster's pool of starters and followed by the
+backend's threads, which wake the cluster when one exits; every write goes through the
+registry, like any client's.
 """
 
 from __future__ import annotations
