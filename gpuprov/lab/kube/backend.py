@@ -509,6 +509,7 @@ class CriContainer:
         self._on_exit = on_exit
         self._exit_code: int | None = None
         self._log_path = ""
+        self._log_seen: tuple[tuple[int, int] | None, str] = (None, "")  # (size, mtime), text
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="cri-status")
         self._watcher.start()
 
@@ -535,16 +536,23 @@ class CriContainer:
             time.sleep(STATUS_POLL_SECONDS)
 
     def output(self) -> str:
+        """The log so far. The kubelet asks at every pass: the file is read again only when
+        containerd has written to it since (its size and mtime changed)."""
         if not self._log_path:
             return ""
+        path = f"{self._root}{self._log_path}"
         try:
-            with open(f"{self._root}{self._log_path}", "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - LOG_LIMIT))
+            stat = os.stat(path)
+            if self._log_seen[0] == (stat.st_size, stat.st_mtime_ns):
+                return self._log_seen[1]
+            with open(path, "rb") as f:
+                f.seek(max(0, stat.st_size - LOG_LIMIT))
                 raw = f.read()
         except OSError:
-            return ""
-        return cri.parse_log(raw.decode(errors="replace"))
+            return self._log_seen[1]
+        self._log_seen = ((stat.st_size, stat.st_mtime_ns), cri.parse_log(
+            raw.decode(errors="replace")))
+        return self._log_seen[1]
 
     def poll(self) -> int | None:
         return self._exit_code
