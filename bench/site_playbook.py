@@ -11,7 +11,11 @@ Prints, from one run:
     what Debian's `nvidia-driver` metapackage would install on the same node before the run
     (`apt-get install -s`, counted in the same run; the goal is at most 75).
 
-    .venv/bin/python bench/site_playbook.py [--rounds N] [--keep]
+  - with --baseline REV: the second run of REV's site.yml too (a git worktree of REV, its own
+    ansible.cfg, roles and gpuprov), on the same converged lab, alternating run for run with
+    this checkout's, and the ratio this/baseline: how a change moved the idempotent run.
+
+    .venv/bin/python bench/site_playbook.py [--rounds N] [--keep] [--baseline REV]
 
 Downloaded packages come from the checkout's cache (.cache/apt-archives/lab), as in the tests,
 so the first run measures installing, not the network.
@@ -58,45 +62,93 @@ def metapackage_count(lab, node: str) -> int:
     return int(ssh(lab, node, script).strip())
 
 
-def site(lab) -> float:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
+def site(lab, checkout: Path = REPO) -> tuple[float, dict[str, int]]:
+    """One site.yml run from a checkout: seconds, and changed tasks per host."""
+    env = dict(os.environ, ANSIBLE_CONFIG=str(checkout / "ansible.cfg"),
+               PYTHONPATH=str(checkout))
     start = time.monotonic()
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(lab.inventory_path),
-                           "site.yml"], cwd=REPO, env=env, capture_output=True, text=True)
+                           "site.yml"], cwd=checkout, env=env, capture_output=True, text=True)
     elapsed = time.monotonic() - start
     if proc.returncode != 0:
-        raise SystemExit(f"site.yml failed ({proc.returncode}):\n{proc.stdout[-4000:]}")
+        raise SystemExit(f"site.yml ({checkout}) failed ({proc.returncode}):\n"
+                         f"{proc.stdout[-4000:]}")
+    changed = {}
+    for line in proc.stdout.split("PLAY RECAP", 1)[-1].splitlines():
+        host, _, stats = line.partition(":")
+        if "changed=" in stats:
+            changed[host.strip()] = int(stats.split("changed=", 1)[1].split()[0])
+    return elapsed, changed
+
+
+def idempotent(lab, checkout: Path) -> float:
+    """A second run: it must change nothing (else it measures work, not the read)."""
+    elapsed, changed = site(lab, checkout)
+    if any(changed.values()):
+        raise SystemExit(f"site.yml from {checkout} changed {changed} on a converged lab")
     return elapsed
+
+
+def baseline_checkout(rev: str) -> Path:
+    path = Path(tempfile.mkdtemp(prefix="gpuprov-bench-baseline-")) / "checkout"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(path), rev],
+                   check=True)
+    return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2, help="fresh labs (default 2)")
     parser.add_argument("--keep", action="store_true", help="leave the last lab up afterwards")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also time REV's second run (a git commit), alternating with this one")
     args = parser.parse_args()
+    baseline = baseline_checkout(args.baseline) if args.baseline else None
+    try:
+        run_rounds(args, baseline)
+    finally:
+        if baseline is not None:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
+                            str(baseline)], check=False)
+
+
+def run_rounds(args: argparse.Namespace, baseline: Path | None) -> None:
     os.environ.setdefault("GPUPROV_LAB_APT_CACHE", str(REPO / ".cache" / "apt-archives" / "lab"))
     from gpuprov.lab.lab import Lab
 
     firsts: list[float] = []
     seconds: list[float] = []
+    baseline_seconds: list[float] = []
     for round_ in range(1, max(1, args.rounds) + 1):
         lab = Lab(Path(tempfile.mkdtemp(prefix="gpuprov-bench-site-")))
         try:
             lab.up()
             before = {n: installed(lab, n) for n in GPU_NODES}
             metapackage = metapackage_count(lab, "gpu-pascal")
-            firsts.append(site(lab))
-            runs = [site(lab) for _ in range(IDEMPOTENT_RUNS)]
+            firsts.append(site(lab)[0])
+            runs, baseline_runs = [], []
+            for _ in range(IDEMPOTENT_RUNS):
+                runs.append(idempotent(lab, REPO))
+                if baseline is not None:
+                    baseline_runs.append(idempotent(lab, baseline))
             seconds += runs
+            baseline_seconds += baseline_runs
             added = {n: installed(lab, n) - before[n] for n in GPU_NODES}
             print(f"round {round_}: first run {firsts[-1]:.1f} s, second (idempotent) runs "
                   + ", ".join(f"{t:.1f}" for t in runs) + " s")
+            if baseline_runs:
+                print(f"round {round_}: baseline {args.baseline} second runs "
+                      + ", ".join(f"{t:.1f}" for t in baseline_runs) + " s")
         finally:
             if not (args.keep and round_ == args.rounds):
                 lab.down()
     first, second = statistics.median(firsts), statistics.median(seconds)
     print(f"site.yml on the 4-node lab: first run {first:.1f} s (median of {len(firsts)}), "
           f"second run {second:.1f} s (median of {len(seconds)})")
+    if baseline_seconds:
+        base = statistics.median(baseline_seconds)
+        print(f"second run: this checkout {second:.1f} s, baseline {args.baseline} {base:.1f} s "
+              f"(medians of {len(seconds)}); this/baseline={second / base:.3f}")
     for node in GPU_NODES:
         print(f"{node}: the roles installed {added[node]} packages")
     print(f"Debian's nvidia-driver metapackage on a bare node: {metapackage} packages")

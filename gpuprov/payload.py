@@ -263,6 +263,6 @@ def run_probe(connection: Any, timeout: float = 60.0) -> dict:
 
 def run_probe_local(root: str = "/") -> dict:
     """The probe, in this process (for `gpuprov probe` and verify's local connection)."""
-    from gpuprov.probe import collect
+    from gpuprov.probe.report import collect
 
     return collect(root=root)

@@ -4,7 +4,13 @@ It runs on nodes that have only python3 >= 3.9 (Debian 11+, Ubuntu 22.04+, RHEL 
 RHEL 8's platform python 3.6 is not supported: install python39 there), shipped by
 gpuprov/payload.py together with gpuprov/hardware.py and pynvml. So this package
 imports only the standard library, gpuprov.hardware, and pynvml (lazily).
-Entry points: ``collect(root="/") -> dict`` and ``python3 -m gpuprov.probe``.
+Entry points: ``gpuprov.probe.report.collect(root="/") -> dict`` and
+``python3 -m gpuprov.probe``. The roles' own reads of a node (packages, modules, units, the
+files they write) are ``gpuprov.probe.node_state.read``, which Ansible ships to nodes as
+the gpuprov_node_state module's module_utils (plugins/modules/gpuprov_node_state.py).
+Hence relative imports inside gpuprov/probe and nothing imported here: the package works
+both as ``gpuprov.probe`` and as ``ansible.module_utils.gpuprov.probe``, and the module
+carries only the files it imports.
 
 Errors are data: an NVML failure is {"code": int, "name": "NVML_ERROR_...",
 "message": str}; a failed query of one GPU field goes into that GPU's "errors"
@@ -80,7 +86,3 @@ Schema (schema_version 1; keys are always present, values may be null):
 "nvidia_runtime" means a runtime named "nvidia" whose binary is
 nvidia-container-runtime (or its .cdi/.legacy variant).
 """
-
-from gpuprov.probe.report import SCHEMA_VERSION, collect
-
-__all__ = ["SCHEMA_VERSION", "collect"]

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from gpuprov.probe.report import collect
+from .report import collect
 
 
 def main(argv: list[str] | None = None) -> int:

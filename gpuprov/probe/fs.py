@@ -7,7 +7,9 @@ a recorded tree (tests/fixtures/probe/...) instead of the machine's own "/".
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,3 +57,18 @@ class Root:
             if candidate.is_file() and os.access(candidate, os.X_OK):
                 return f"{directory}/{name}"
         return None
+
+    def file_facts(self, node_path: str) -> dict | None:
+        """A regular file's mode ("0644"), owner, group and sha1, as the roles compare the
+        files they write with what they would write; None when it is not a regular file."""
+        path = self.path(node_path)
+        try:
+            info = os.stat(path)
+            if not stat.S_ISREG(info.st_mode):
+                return None
+            checksum = hashlib.sha1(path.read_bytes()).hexdigest()
+        except OSError:
+            return None
+        return {"path": node_path, "checksum": checksum,
+                "mode": f"{stat.S_IMODE(info.st_mode):04o}", "uid": info.st_uid,
+                "gid": info.st_gid}

@@ -5,9 +5,11 @@ from __future__ import annotations
 import errno
 import os
 import re
+import subprocess
 import sys
+from collections.abc import Callable
 
-from gpuprov.probe.fs import Root
+from .fs import Root
 
 _OS_RELEASE_KEYS = ("id", "id_like", "version_id", "version_codename", "pretty_name")
 
@@ -82,6 +84,39 @@ def collect_kernel_module(root: Root) -> dict:
         "nouveau_loaded": modules["nouveau"],
         "nouveau_blacklisted_in": blacklisted,
     }
+
+
+def parse_systemctl_show(text: str) -> dict:
+    """`systemctl show -p Id,UnitFileState,ActiveState UNIT...`: {unit: {"enabled", "active"}}.
+
+    One block of Key=value lines per unit, blocks separated by an empty line, keys in
+    systemd's order. "enabled" is what `systemctl is-enabled` prints (UnitFileState: enabled,
+    disabled, static, masked, ...; "" for a unit that does not exist), "active" what
+    `systemctl is-active` prints (ActiveState).
+    """
+    units = {}
+    for block in text.split("\n\n"):
+        values = dict(line.partition("=")[::2] for line in block.splitlines() if "=" in line)
+        unit_id = values.get("Id", "")
+        if unit_id:
+            units[unit_id.removesuffix(".service")] = {"enabled": values.get("UnitFileState", ""),
+                           "active": values.get("ActiveState", "")}
+    return units
+
+
+def collect_units(names: list, run: Callable[[list], tuple[int, str, str]]) -> dict:
+    """The units' state in one systemctl call; units systemctl could not answer for (no
+    systemd, or not booted with it) read as {"enabled": "", "active": ""}."""
+    found = {}
+    if names:
+        try:
+            rc, out, _ = run(["systemctl", "show", "-p", "Id,UnitFileState,ActiveState", *names])
+        except (OSError, subprocess.SubprocessError):
+            rc, out = -1, ""
+        if rc == 0:
+            found = parse_systemctl_show(out)
+    unknown = {"enabled": "", "active": ""}
+    return {name: found.get(name.removesuffix(".service"), unknown) for name in names}
 
 
 # "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."

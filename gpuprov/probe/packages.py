@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 
-from gpuprov.probe.fs import Root
+from .fs import Root
 
 Runner = Callable[[list], "tuple[int, str, str]"]
 
@@ -36,8 +36,11 @@ VERSIONLOCK_FILES = (
 )
 
 
-def run_command(argv: list) -> tuple[int, str, str]:
-    exe = shutil.which(argv[0], path="/usr/sbin:/usr/bin:/sbin:/bin")
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def run_command(argv: list, path: str = SYSTEM_PATH) -> tuple[int, str, str]:
+    exe = shutil.which(argv[0], path=path)
     if exe is None:
         return 127, "", f"{argv[0]}: not found"
     proc = subprocess.run(
@@ -46,7 +49,7 @@ def run_command(argv: list) -> tuple[int, str, str]:
         text=True,
         timeout=20,
         check=False,
-        env={"LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        env={"LC_ALL": "C", "PATH": path},
     )
     return proc.returncode, proc.stdout, proc.stderr
 
@@ -119,15 +122,20 @@ def _manager(root: Root) -> str | None:
     return None
 
 
-def collect(root: Root, run: Runner = run_command) -> dict:
-    doc: dict = {"manager": _manager(root), "error": None, "driver": [], "cuda_toolkit": []}
+def query(root: Root, run: Runner = run_command, rpm_patterns: tuple = RPM_PATTERNS) -> dict:
+    """The package manager and its installed packages: {"manager", "error", "packages"}.
+
+    dpkg: every installed package. rpm: those matching rpm_patterns (all for ()), with the
+    versionlock holds. Each package is {"name", "version", "state", "held"} (rpm: "arch").
+    """
+    doc: dict = {"manager": _manager(root), "error": None, "packages": []}
     if doc["manager"] == "dpkg":
         argv = ["dpkg-query", "-W", "-f", DPKG_FORMAT]
         if root.base != "/":
             argv.insert(1, f"--admindir={root.path('/var/lib/dpkg')}")
         parse = parse_dpkg_query
     elif doc["manager"] == "rpm":
-        argv = ["rpm", "-qa", "--qf", RPM_FORMAT, *RPM_PATTERNS]
+        argv = ["rpm", "-qa", "--qf", RPM_FORMAT, *rpm_patterns]
         if root.base != "/":
             argv[1:1] = ["--root", root.base]
         parse = parse_rpm_query
@@ -148,6 +156,35 @@ def collect(root: Root, run: Runner = run_command) -> dict:
     for package in packages:
         package.pop("_evr", None)
     packages.sort(key=lambda p: p["name"])
-    doc["driver"] = [p for p in packages if DRIVER_PACKAGE.search(p["name"])]
-    doc["cuda_toolkit"] = [p for p in packages if CUDA_TOOLKIT_PACKAGE.match(p["name"])]
+    doc["packages"] = packages
     return doc
+
+
+def dpkg_interrupted(root: Root, run: Runner = run_command) -> list[str]:
+    """Why dpkg must finish first ("dpkg was interrupted"), empty when it need not.
+
+    `dpkg --audit` lists half-installed and unconfigured packages; a numbered journal entry
+    under /var/lib/dpkg/updates is what apt checks before it refuses to run.
+    """
+    reasons = []
+    argv = ["dpkg", "--audit"]
+    if root.base != "/":
+        argv.insert(1, f"--admindir={root.path('/var/lib/dpkg')}")
+    try:
+        rc, out, err = run(argv)
+    except (OSError, subprocess.SubprocessError) as exc:
+        rc, out, err = -1, "", str(exc)
+    if (out + err).strip():
+        reasons.append("dpkg --audit lists packages" if rc == 0 and out.strip()
+                       else f"dpkg --audit: {(err or out).strip()[:200]}")
+    if any(path.rsplit("/", 1)[-1].isdigit() for path in root.glob("/var/lib/dpkg/updates/*")):
+        reasons.append("dpkg journal entries in /var/lib/dpkg/updates")
+    return reasons
+
+
+def collect(root: Root, run: Runner = run_command) -> dict:
+    found = query(root, run)
+    packages = found.pop("packages")
+    found["driver"] = [p for p in packages if DRIVER_PACKAGE.search(p["name"])]
+    found["cuda_toolkit"] = [p for p in packages if CUDA_TOOLKIT_PACKAGE.match(p["name"])]
+    return found

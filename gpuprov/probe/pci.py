@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import re
 
-from gpuprov import hardware
-from gpuprov.probe.fs import Root
+from .. import hardware
+from .fs import Root
 
 NVIDIA_VENDOR = 0x10DE
 SYSFS_PCI_DEVICES = "/sys/bus/pci/devices"

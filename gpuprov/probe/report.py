@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpuprov.probe import host, nvml, packages, pci, runtime
-from gpuprov.probe.fs import Root
+from . import host, nvml, packages, pci, runtime
+from .fs import Root
 
 SCHEMA_VERSION = 1
 

@@ -13,8 +13,8 @@ import posixpath
 import re
 from collections.abc import Callable
 
-from gpuprov.probe import toml_subset
-from gpuprov.probe.fs import Root
+from . import toml_subset
+from .fs import Root
 
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 # Where the CRI runtimes table lives, per containerd config version.
