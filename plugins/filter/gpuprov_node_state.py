@@ -16,43 +16,41 @@ run on the node); these filters answer the roles' questions about that state.
 
 from __future__ import annotations
 
-import fnmatch
-import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+
+INSTALL_HINT = (
+    "gpuprov is not importable by the Python that runs ansible ({error}): "
+    "install gpuprov in the Python that runs ansible: pip install -e ."
+)
+
+
+def _checks() -> Any:
+    # Imported on first use: Ansible loads every filter plugin for every template.
+    try:
+        from gpuprov import node_checks
+    except ImportError as exc:
+        raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
+    return node_checks
 
 
 def packages_missing(names: Any, packages: Any, version: Any = None) -> list[str]:
     if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
         raise AnsibleFilterError(
             f"gpuprov_packages_missing expects a list of package names, got {names!r}")
-    if not isinstance(packages, Mapping):
-        # The probe's report lists them: [{"name", "version", "state", "held"}, ...].
-        if isinstance(packages, (str, bytes)) or not isinstance(packages, Iterable):
-            raise AnsibleFilterError("gpuprov_packages_missing expects packages by name or the "
-                                     f"probe's list, got {packages!r}")
-        packages = {p.get("name"): p for p in packages if isinstance(p, Mapping)}
-    missing = []
-    for name in names:
-        package = packages.get(name) or {}
-        installed = package.get("state") == "installed"
-        if not installed or (version and not fnmatch.fnmatchcase(str(package.get("version")),
-                                                                 str(version))):
-            missing.append(name)
-    return missing
+    if not isinstance(packages, Mapping) and (
+            isinstance(packages, (str, bytes)) or not isinstance(packages, Iterable)):
+        raise AnsibleFilterError("gpuprov_packages_missing expects packages by name or the "
+                                 f"probe's list, got {packages!r}")
+    return _checks().packages_missing(names, packages, version)
 
 
 def file_current(files: Any, path: Any, content: Any, mode: str = "0644") -> bool:
     if isinstance(files, (str, bytes, Mapping)) or not isinstance(files, Iterable):
         raise AnsibleFilterError(f"gpuprov_file_current expects a list of files, got {files!r}")
-    checksum = hashlib.sha1(str(content).encode()).hexdigest()
-    for found in files:
-        if isinstance(found, Mapping) and found.get("path") == path:
-            return (found.get("checksum") == checksum and str(found.get("mode")) == mode
-                    and found.get("uid") == 0 and found.get("gid") == 0)
-    return False
+    return _checks().file_current(files, path, content, mode)
 
 
 class FilterModule:

@@ -1,0 +1,201 @@
+"""What the nvidia_driver role does on a node: decided here, in tested Python, and called from
+the role's two set_fact tasks (plugins/filter/gpuprov_driver.py):
+
+    plan(settings)        before the node is read: the kernel module flavour, the packages
+                          and what apt/dnf are asked for, the files the role writes, and the
+                          first problem with the settings (None when there is none)
+    work(plan, state, ...) after each read of the node (gpuprov.probe.node_state): the
+                          driver version installed, apt's work left, the packages whose hold
+                          is not the one wanted, whether apt has nothing to do, what is
+                          wrong with what is installed, and whether the node must reboot
+
+Messages name the host and say what to do, as the role's assert tasks print them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpuprov.node_checks import file_current, packages_missing
+
+# apt: name=version, dnf: name-version.
+VERSION_SEPARATORS = {"apt": "=", "dnf": "-"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The role's settings, the preflight facts and the node's per-OS data (vars/<OS>.yml)."""
+
+    host: str
+    os_name: str  # ansible_facts distribution, e.g. "Debian"
+    os_version: str  # distribution_major_version, e.g. "12"
+    branch: str  # gpu_preflight_driver_branch (it honours nvidia_driver_branch)
+    kernel_modules: str = "auto"  # nvidia_driver_kernel_modules
+    open_required: bool = False  # gpu_preflight_open_kernel_modules_required
+    open_supported: bool = False  # gpu_preflight_open_kernel_modules_supported
+    version: str | None = None  # nvidia_driver_version
+    package_manager: str | None = None  # None: the role has no data for this OS
+    # branch ("470", or "default" with a {branch} placeholder) -> flavour -> package names
+    packages: Mapping = field(default_factory=dict)
+    extra_packages: tuple = ()  # packages with their own version numbers
+    # Ubuntu's signed prebuilt modules (nvidia_driver_ubuntu_prebuilt_modules), where the OS
+    # has them: {"package": "...{branch}...{open}{kernel_flavour}", "replaces": regex}
+    prebuilt_modules: bool = False
+    prebuilt: Mapping | None = None
+    kernel_flavour: str = "generic"  # nvidia_driver_ubuntu_kernel_flavour
+    apt_sources_template: str | None = None  # None: the OS needs no sources file of the role's
+    apt_sources_path: str = "/etc/apt/sources.list.d/gpuprov-nvidia-debian.sources"
+    blacklist_path: str = "/etc/modprobe.d/blacklist-nouveau.conf"
+
+    @classmethod
+    def from_vars(cls, values: Mapping) -> Settings:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown settings {', '.join(unknown)}")
+        values = dict(values)
+        values["branch"] = str(values.get("branch"))
+        values["os_version"] = str(values.get("os_version"))
+        if values.get("version") is not None:
+            values["version"] = str(values["version"])
+        values["extra_packages"] = tuple(values.get("extra_packages") or ())
+        return cls(**values)
+
+
+def _flavour(s: Settings) -> str:
+    open_wanted = s.kernel_modules == "open" or (s.kernel_modules == "auto" and s.open_required)
+    return "open" if open_wanted else "proprietary"
+
+
+def _driver_packages(s: Settings, branch_packages: Mapping, flavour: str) -> tuple[list, list]:
+    names = [str(n).replace("{branch}", s.branch) for n in branch_packages.get(flavour) or []]
+    extra = list(s.extra_packages)
+    if s.prebuilt_modules and s.prebuilt:
+        # The module comes from the prebuilt package, whose version follows the kernel's.
+        names = [n for n in names if not re.search(s.prebuilt["replaces"], n)]
+        extra.append(s.prebuilt["package"].format(
+            branch=s.branch, open="open-" if flavour == "open" else "",
+            kernel_flavour=s.kernel_flavour))
+    return names, extra
+
+
+def plan(s: Settings) -> dict:
+    branch_packages = s.packages.get(s.branch) or s.packages.get("default") or {}
+    flavour = _flavour(s)
+    driver, extra = _driver_packages(s, branch_packages, flavour)
+    names = list(driver)
+    if s.version is not None and s.package_manager in VERSION_SEPARATORS:
+        names = [f"{n}{VERSION_SEPARATORS[s.package_manager]}{s.version}" for n in driver]
+    return {
+        "branch": s.branch,
+        "flavour": flavour,
+        "driver_packages": driver,
+        "extra_packages": extra,
+        "install_names": names + extra,
+        # Held (apt-mark hold / dnf versionlock) and checked after installing.
+        "held_packages": driver + extra,
+        "dnf_module_stream": f"nvidia-driver:{s.branch}-{'open' if flavour == 'open' else 'dkms'}",
+        # Read with the node (checksum, mode, owner), so that each is written only where it
+        # differs.
+        "written_files": ([s.apt_sources_path] if s.apt_sources_template else [])
+        + [s.blacklist_path],
+        "problem": setting_problem(s, branch_packages, flavour),
+    }
+
+
+def setting_problem(s: Settings, branch_packages: Mapping, flavour: str) -> str | None:
+    """The first thing wrong with the settings for this node, with what to do."""
+    if s.package_manager is None:
+        return (f"{s.os_name} {s.os_version} has no data in the nvidia_driver role: add "
+                f"roles/nvidia_driver/vars/{s.os_name}_{s.os_version}.yml.")
+    if not branch_packages:
+        return (f"{s.host}: driver branch {s.branch} has no packages in roles/nvidia_driver/vars "
+                f"for {s.os_name} {s.os_version} (it has: {', '.join(map(str, s.packages))}). "
+                "Pin one of those with nvidia_driver_branch, or add the branch's packages to "
+                "the role.")
+    fits = (flavour in branch_packages
+            and (flavour == "proprietary" or s.open_supported)
+            and (flavour == "open" or not s.open_required))
+    if not fits:
+        return (f"{s.host}: nvidia_driver_kernel_modules={s.kernel_modules} cannot be used with "
+                f"driver branch {s.branch} on these GPUs (open modules supported: "
+                f"{s.open_supported}, required: {s.open_required}, flavours of this branch: "
+                f"{', '.join(branch_packages)}). Set nvidia_driver_kernel_modules to auto for "
+                "this host.")
+    if s.version is not None and not s.version.startswith(f"{s.branch}."):
+        return (f"{s.host}: nvidia_driver_version {s.version} is not a version of driver branch "
+                f"{s.branch}. Set a {s.branch}.x version, or pin nvidia_driver_branch to the "
+                "version's branch, or unset nvidia_driver_version.")
+    return None
+
+
+def installed_version(the_plan: Mapping, packages: Mapping) -> str | None:
+    """The driver's upstream version ("535.261.03") as installed: the first driver package's
+    version without epoch or packaging revision."""
+    driver = the_plan["driver_packages"]
+    if not driver or driver[0] not in packages:
+        return None
+    version = re.sub(r"^[0-9]+:", "", str(packages[driver[0]].get("version", "")))
+    return version.split("-")[0]
+
+
+def work(the_plan: Mapping, state: Mapping, *, host: str, hold: bool = True,
+         version: str | None = None, headers: tuple = (), forbidden: tuple = (),
+         check_mode: bool = False, apt_sources: str | None = None,
+         package_manager: str | None = None) -> dict:
+    """What is left to do on the node, from its read.
+
+    headers: the kernel headers packages when the role installs them, else ();
+    apt_sources: the sources file's text as the role writes it (None: the OS needs none).
+    """
+    packages = state.get("packages") or {}
+    current = installed_version(the_plan, packages)
+    apt_work = (list(state.get("interrupted") or [])
+                + packages_missing(the_plan["driver_packages"], packages, version)
+                + packages_missing(list(the_plan["extra_packages"]) + list(headers), packages))
+    selected = {name for name, p in packages.items() if bool(p.get("held")) == bool(hold)}
+    unselected = [name for name in the_plan["held_packages"] if name not in selected]
+    sources_current = apt_sources is None or file_current(
+        state.get("files") or [], the_plan["written_files"][0], apt_sources)
+    return {
+        "installed_version": current,
+        "apt_sources_current": sources_current,
+        "apt_work": apt_work,
+        "unselected": unselected,
+        "apt_converged": (package_manager == "apt" and sources_current and not apt_work
+                          and not unselected),
+        "installed_problem": installed_problem(the_plan, packages, current, host=host,
+                                               forbidden=forbidden, check_mode=check_mode),
+        "reboot_required": reboot_required(state, current),
+    }
+
+
+def reboot_required(state: Mapping, current: str | None) -> bool:
+    """nouveau holds the GPUs until a reboot (the blacklist only acts at boot), and a loaded
+    module of another version than the one installed cannot be swapped while CUDA processes
+    and persistenced use it."""
+    loaded = state.get("module_version")
+    return bool(state.get("nouveau_loaded")) or (
+        loaded is not None and current is not None and loaded != current)
+
+
+def installed_problem(the_plan: Mapping, packages: Mapping, current: str | None, *, host: str,
+                      forbidden: tuple, check_mode: bool) -> str | None:
+    """What is wrong with what is installed, with what to do (None: nothing)."""
+    pattern = "|".join(forbidden)
+    found = [name for name in packages if pattern and re.search(pattern, name)]
+    if found:
+        return (f"{host} has {', '.join(found)} installed, which a GPU node must not have "
+                "(nvidia_driver_forbidden_packages: CUDA comes with the container images, a "
+                "compute node needs no X server). Remove them (apt purge / dnf remove) and find "
+                "what pulled them in (apt-cache rdepends --installed / dnf repoquery "
+                "--whatrequires).")
+    branch = the_plan["branch"]
+    if not check_mode and not (current or "").startswith(f"{branch}."):
+        first = the_plan["driver_packages"][0] if the_plan["driver_packages"] else "the driver"
+        return (f"{host}: {first} is {current or 'not installed'}, not a version of branch "
+                f"{branch}. Check `apt-cache policy {first}` (or `dnf list --showduplicates`) on "
+                "the node.")
+    return None

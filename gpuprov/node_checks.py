@@ -1,0 +1,43 @@
+"""Questions the roles ask about a node's state (gpuprov.probe.node_state's read).
+
+Pure functions over the read, shared by the roles' plans (gpuprov/driver_plan.py, ...) and
+the gpuprov_node_state filters (plugins/filter/gpuprov_node_state.py).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+from collections.abc import Iterable, Mapping
+
+
+def packages_missing(names: Iterable[str], packages: Mapping | Iterable,
+                     version: str | None = None) -> list[str]:
+    """The names that the packages do not satisfy: not installed, or installed at a version
+    that does not match `version` (fnmatch, as the apt module matches name=version).
+
+    packages: {name: {"version", "state", ...}} (the node read), or the probe report's list
+    of {"name", "version", "state", ...}.
+    """
+    if not isinstance(packages, Mapping):
+        packages = {p.get("name"): p for p in packages if isinstance(p, Mapping)}
+    missing = []
+    for name in names:
+        package = packages.get(name) or {}
+        installed = package.get("state") == "installed"
+        if not installed or (version and not fnmatch.fnmatchcase(str(package.get("version")),
+                                                                 str(version))):
+            missing.append(name)
+    return missing
+
+
+def file_current(files: Iterable[Mapping], path: str, content: str, mode: str = "0644") -> bool:
+    """Whether the node's file (in the read's "files") has this content (sha1), mode and root
+    ownership already: a role then skips its template/copy task, which costs two module runs
+    even when it changes nothing."""
+    checksum = hashlib.sha1(str(content).encode()).hexdigest()
+    for found in files:
+        if isinstance(found, Mapping) and found.get("path") == path:
+            return (found.get("checksum") == checksum and str(found.get("mode")) == mode
+                    and found.get("uid") == 0 and found.get("gid") == 0)
+    return False

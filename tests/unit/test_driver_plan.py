@@ -1,0 +1,191 @@
+"""The nvidia_driver role's decisions (gpuprov/driver_plan.py), as the role calls them through
+plugins/filter/gpuprov_driver.py, with the role's own per-OS data (roles/nvidia_driver/vars)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+
+from gpuprov import driver_plan
+
+VARS = Path(__file__).resolve().parents[2] / "roles" / "nvidia_driver" / "vars"
+MAIN = yaml.safe_load((VARS / "main.yml").read_text())
+
+
+def _os_data(name: str) -> dict:
+    """vars/<OS>.yml with main.yml's data put in where it names it (as Ansible templates it)."""
+    data = yaml.safe_load((VARS / f"{name}.yml").read_text())
+    for key, value in data.items():
+        if isinstance(value, str) and value.startswith("{{ __nvidia_driver_"):
+            data[key] = MAIN[value.strip("{} ")]
+    return data
+
+
+def _settings(os_file: str = "Debian_12", **overrides) -> dict:
+    data = _os_data(os_file)
+    os_name, os_version = os_file.split("_")
+    settings = {
+        "host": "gpu-a", "os_name": os_name, "os_version": os_version, "branch": "535",
+        "package_manager": data["__nvidia_driver_package_manager"],
+        "packages": data["__nvidia_driver_packages"],
+        "extra_packages": data["__nvidia_driver_extra_packages"],
+        "prebuilt": data.get("__nvidia_driver_prebuilt_modules"),
+        "apt_sources_template": data.get("__nvidia_driver_apt_sources_template"),
+    }
+    return {**settings, **overrides}
+
+
+@pytest.fixture(scope="module")
+def driver(ansible_plugin):
+    return ansible_plugin("filter/gpuprov_driver.py")
+
+
+def test_debian_535_proprietary_by_default_pinned_with_apt_syntax(driver):
+    plan = driver.driver_plan(_settings(version="535.261.03-1"))
+    assert plan["flavour"] == "proprietary" and plan["problem"] is None
+    assert plan["driver_packages"][0] == "nvidia-kernel-dkms"
+    assert plan["install_names"] == [f"{n}=535.261.03-1" for n in plan["driver_packages"]] + [
+        "nvidia-persistenced"]
+    assert plan["held_packages"] == plan["driver_packages"] + ["nvidia-persistenced"]
+    assert plan["written_files"] == ["/etc/apt/sources.list.d/gpuprov-nvidia-debian.sources",
+                                     "/etc/modprobe.d/blacklist-nouveau.conf"]
+
+
+def test_auto_takes_open_modules_where_the_gpus_need_them(driver):
+    plan = driver.driver_plan(_settings(open_required=True, open_supported=True))
+    assert plan["flavour"] == "open" and plan["driver_packages"][0] == "nvidia-open-kernel-dkms"
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"package_manager": None, "packages": {}}, "Debian 12 has no data in the nvidia_driver role"),
+    ({"branch": "550"}, "driver branch 550 has no packages in roles/nvidia_driver/vars for "
+                        "Debian 12 (it has: 470, 535)"),
+    ({"branch": "470", "kernel_modules": "open", "open_supported": False},
+     "nvidia_driver_kernel_modules=open cannot be used with driver branch 470"),
+    ({"kernel_modules": "proprietary", "open_required": True, "open_supported": True},
+     "nvidia_driver_kernel_modules=proprietary cannot be used with driver branch 535"),
+    ({"version": "470.256.02-1"}, "nvidia_driver_version 470.256.02-1 is not a version of "
+                                  "driver branch 535"),
+])
+def test_the_first_setting_problem_says_what_is_wrong(driver, overrides, expected):
+    assert expected in driver.driver_plan(_settings(**overrides))["problem"]
+
+
+def test_ubuntu_prebuilt_modules_replace_dkms_and_follow_the_kernel(driver):
+    plan = driver.driver_plan(_settings("Ubuntu_24", branch="580", version="580.95.05-0ubuntu1",
+                                        open_required=True, open_supported=True,
+                                        prebuilt_modules=True, kernel_flavour="generic"))
+    assert not any(n.startswith("nvidia-dkms-") for n in plan["driver_packages"])
+    assert plan["extra_packages"] == ["linux-modules-nvidia-580-server-open-generic"]
+    # The prebuilt package's version follows the kernel's: never pinned to the driver's.
+    assert "linux-modules-nvidia-580-server-open-generic" in plan["install_names"]
+    assert "nvidia-utils-580-server=580.95.05-0ubuntu1" in plan["install_names"]
+    dkms = driver.driver_plan(_settings("Ubuntu_24", branch="580"))
+    assert dkms["driver_packages"][0] == "nvidia-dkms-580-server" and dkms["extra_packages"] == []
+
+
+def test_prebuilt_modules_mean_nothing_where_the_os_has_none(driver):
+    plain = driver.driver_plan(_settings())
+    assert driver.driver_plan(_settings(prebuilt_modules=True)) == plain
+
+
+def test_rhel_uses_the_module_stream_and_dnf_version_syntax(driver):
+    plan = driver.driver_plan(_settings("RedHat_9", branch="580", version="580.95.05",
+                                        open_required=True, open_supported=True))
+    assert plan["dnf_module_stream"] == "nvidia-driver:580-open"
+    assert plan["install_names"][0] == "kmod-nvidia-open-dkms-580.95.05"
+    assert plan["written_files"] == ["/etc/modprobe.d/blacklist-nouveau.conf"]
+
+
+def _state(**packages) -> dict:
+    return {"packages": {name: {"version": v, "state": "installed", "held": h}
+                         for name, (v, h) in packages.items()},
+            "interrupted": [], "files": []}
+
+
+def test_a_converged_node_leaves_no_work(driver):
+    plan = driver.driver_plan(_settings())
+    state = _state(**{n: ("535.261.03-1", True) for n in plan["held_packages"]},
+                   **{"linux-headers-6.1.0-41-amd64": ("6.1.158-1", False)})
+    work = driver.driver_work(state, plan, host="gpu-a", headers=["linux-headers-6.1.0-41-amd64"],
+                              package_manager="apt", apt_sources=None)
+    assert work == {"installed_version": "535.261.03", "apt_sources_current": True,
+                    "apt_work": [], "unselected": [], "apt_converged": True,
+                    "installed_problem": None, "reboot_required": False}
+
+
+def test_work_left_missing_headers_holds_interrupted_dpkg_and_other_version(driver):
+    plan = driver.driver_plan(_settings())
+    state = _state(**{n: ("1:535.247.01-1", False) for n in plan["held_packages"]})
+    state["interrupted"] = ["dpkg --audit lists packages"]
+    work = driver.driver_work(state, plan, host="gpu-a", version="535.261.03-1",
+                              headers=["linux-headers-6.1.0-41-amd64"], package_manager="apt")
+    assert work["installed_version"] == "535.247.01"
+    assert work["apt_work"] == (["dpkg --audit lists packages"] + plan["driver_packages"]
+                                + ["linux-headers-6.1.0-41-amd64"])
+    assert work["unselected"] == plan["held_packages"] and not work["apt_converged"]
+    assert driver.driver_work(state, plan, host="gpu-a", hold=False)["unselected"] == []
+
+
+def test_the_sources_file_counts_only_as_the_role_writes_it(driver):
+    plan = driver.driver_plan(_settings())
+    state = _state(**{n: ("535.261.03-1", True) for n in plan["held_packages"]})
+    text = "Types: deb\n"
+    state["files"] = [{"path": plan["written_files"][0], "mode": "0644", "uid": 0, "gid": 0,
+                       "checksum": "4e0f7e2e3a0c4b7e3f1d2c8d8e3d9c1b2a3f4e5d"}]
+    work = driver.driver_work(state, plan, host="gpu-a", apt_sources=text, package_manager="apt")
+    assert not work["apt_sources_current"] and not work["apt_converged"]
+    state["files"][0]["checksum"] = hashlib.sha1(text.encode()).hexdigest()  # as sha1sum reads
+    work = driver.driver_work(state, plan, host="gpu-a", apt_sources=text, package_manager="apt")
+    assert work["apt_sources_current"] and work["apt_converged"]
+
+
+def test_installed_problems_forbidden_packages_first_then_the_branch(driver):
+    plan = driver.driver_plan(_settings())
+    state = _state(**{"nvidia-kernel-dkms": ("470.256.02-1", True),
+                      "xserver-xorg-core": ("2:21.1.7-3", False)})
+    forbidden = ("^cuda-toolkit", "^xserver-xorg-core$")
+    work = driver.driver_work(state, plan, host="gpu-a", forbidden=forbidden)
+    assert work["installed_problem"].startswith("gpu-a has xserver-xorg-core installed")
+    del state["packages"]["xserver-xorg-core"]
+    work = driver.driver_work(state, plan, host="gpu-a", forbidden=forbidden)
+    assert work["installed_problem"].startswith(
+        "gpu-a: nvidia-kernel-dkms is 470.256.02, not a version of branch 535")
+    # --check installs nothing, so the branch is not asserted then.
+    assert driver.driver_work(state, plan, host="gpu-a", check_mode=True)[
+        "installed_problem"] is None
+
+
+def test_bad_input_is_one_clear_error(driver):
+    with pytest.raises(AnsibleFilterError, match="unknown settings colour"):
+        driver.driver_plan(_settings(colour="green"))
+    with pytest.raises(AnsibleFilterError, match="expects the role's settings"):
+        driver.driver_plan("535")
+    with pytest.raises(AnsibleFilterError, match="expects the node's read and the plan"):
+        driver.driver_work(None, {})
+
+
+def test_settings_fields_are_the_ones_the_role_passes():
+    """Every key tasks/check.yml passes is a Settings field (and so reaches plan())."""
+    check = (VARS.parent / "tasks" / "check.yml").read_text()
+    passed = {line.split("'")[1] for line in check.splitlines()
+              if line.strip().startswith(("{{ {'", "'")) and "':" in line}
+    assert passed and passed <= set(driver_plan.Settings.__dataclass_fields__)
+
+
+@pytest.mark.parametrize("state, installed, expected", [
+    ({"nouveau_loaded": True, "module_version": None}, None, True),
+    ({"nouveau_loaded": False, "module_version": "535.247.01"}, "535.261.03", True),
+    ({"nouveau_loaded": False, "module_version": "535.261.03"}, "535.261.03", False),
+    # No module loaded yet: the role loads it, no reboot.
+    ({"nouveau_loaded": False, "module_version": None}, "535.261.03", False),
+    # Nothing installed (check mode on a bare node): a loaded module is no reason.
+    ({"nouveau_loaded": False, "module_version": "535.261.03"}, None, False),
+])
+def test_a_reboot_is_required_for_nouveau_or_a_module_of_another_version(state, installed,
+                                                                          expected):
+    assert driver_plan.reboot_required(state, installed) is expected
