@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuprov.node_checks import file_current, packages_missing
+from gpuprov.node_checks import file_current, packages_missing, plain
 
 # apt: name=version, dnf: name-version.
 VERSION_SEPARATORS = {"apt": "=", "dnf": "-"}
@@ -55,7 +55,7 @@ class Settings:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown settings {', '.join(unknown)}")
-        values = dict(values)
+        values = plain(values)
         values["branch"] = str(values.get("branch"))
         values["os_version"] = str(values.get("os_version"))
         if values.get("version") is not None:

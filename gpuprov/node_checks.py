@@ -41,3 +41,20 @@ def file_current(files: Iterable[Mapping], path: str, content: str, mode: str = 
             return (found.get("checksum") == checksum and str(found.get("mode")) == mode
                     and found.get("uid") == 0 and found.get("gid") == 0)
     return False
+
+
+def plain(value: object) -> object:
+    """Ansible's values as plain Python ones: dict, list, str, int, bool, None. Filters get
+    Ansible's own lazy containers and str subclasses, which copy.deepcopy and
+    dataclasses.asdict cannot rebuild."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    return str(value)

@@ -12,6 +12,13 @@ controller, like every filter; nothing here is shipped to nodes.
     pci_ids | gpuprov_choose_branch(os_id, os_version, nvidia_driver_branch)
         -> {"ok": bool, "branch": 535 | None, "reason": str, "notes": [str],
             "open_kernel_modules": bool, "open_kernel_modules_required": bool, ...}
+    ansible_python_interpreter | gpuprov_node_python(discovered)   -> the node's python3
+    run | gpuprov_probe_outcome(reprobe=true, earlier_report=none) -> {"ok", "report", "error"}
+    gpus | gpuprov_gpu_summary          -> "2x Tesla K80 (kepler, cc 3.7), ..."
+    choice | gpuprov_choice_text        -> the chooser's reason and notes
+    supported_os | gpuprov_os_problem(host=..., distribution=..., major=..., os_id=...)
+        -> what is wrong with the node's OS for gpu_preflight, or none
+(gpuprov/stage_probe.py says what each decides.)
 """
 
 from __future__ import annotations
@@ -113,10 +120,50 @@ def gpuprov_choose_branch(
     return _as_dict(choice)
 
 
+def _stage_probe() -> Any:
+    try:
+        from gpuprov import stage_probe
+    except ImportError as exc:
+        raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
+    return stage_probe
+
+
+def gpuprov_node_python(interpreter: Any, discovered: Any = None) -> str:
+    return _stage_probe().node_python(interpreter, discovered)
+
+
+def gpuprov_probe_outcome(run: Any, reprobe: Any = True, earlier_report: Any = None) -> dict:
+    if run is not None and not isinstance(run, Mapping):
+        raise AnsibleFilterError(f"gpuprov_probe_outcome expects a command result, got {run!r}")
+    return _stage_probe().probe_outcome(run, reprobe=bool(reprobe),
+                                        earlier_report=earlier_report)
+
+
+def gpuprov_gpu_summary(gpus: Any) -> str:
+    items = _items(gpus, "gpuprov_gpu_summary", "GPUs (gpu_preflight_gpus)")
+    return _stage_probe().gpu_summary(g for g in items if isinstance(g, Mapping))
+
+
+def gpuprov_choice_text(choice: Any) -> str:
+    return _stage_probe().choice_text(choice if isinstance(choice, Mapping) else {})
+
+
+def gpuprov_os_problem(supported: Any, host: Any, distribution: Any, major: Any,
+                       os_id: Any = None) -> str | None:
+    return _stage_probe().os_problem(
+        host=str(host), distribution=str(distribution), major=str(major), os_id=os_id,
+        supported=[str(s) for s in _items(supported, "gpuprov_os_problem", "OS names")])
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
             "gpuprov_classify": gpuprov_classify,
             "gpuprov_choose_branch": gpuprov_choose_branch,
             "gpuprov_probe_gpus": gpuprov_probe_gpus,
+            "gpuprov_node_python": gpuprov_node_python,
+            "gpuprov_probe_outcome": gpuprov_probe_outcome,
+            "gpuprov_gpu_summary": gpuprov_gpu_summary,
+            "gpuprov_choice_text": gpuprov_choice_text,
+            "gpuprov_os_problem": gpuprov_os_problem,
         }

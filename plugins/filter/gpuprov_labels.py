@@ -9,6 +9,10 @@ installed (`pip install -e .`). They run on the controller, like every filter.
     node_labels | gpuprov_label_patch(expected_labels, series_key='gputype')
         -> {"gputype": "p100", "nvidia.com/gpu.memory": None, ...}  (null: remove)
     key | gpuprov_label_owned(series_key='gputype')  -> bool
+    nodes | gpuprov_label_node_plan(node_name, expected, series_key='gputype')
+        -> {"found", "patch", "removed"}: the role's work on the node (gpuprov.labels.node_plan)
+    taints | gpuprov_taint_plan(key, value, effect)
+        -> {"tainted", "taints"}: the node's taints with gpuprov's (gpuprov.labels.taint_plan)
 """
 
 from __future__ import annotations
@@ -70,10 +74,33 @@ def gpuprov_label_owned(key: Any, series_key: str = "gputype") -> bool:
         raise AnsibleFilterError(f"gpuprov_label_owned: {exc}") from exc
 
 
+def gpuprov_label_node_plan(nodes: Any, node_name: Any, expected: Any,
+                            series_key: str = "gputype") -> dict:
+    labels = _labels()
+    if isinstance(nodes, (str, bytes, Mapping)) or not isinstance(nodes, list):
+        raise AnsibleFilterError(f"gpuprov_label_node_plan expects a list of Node objects, "
+                                 f"got {nodes!r}")
+    expected = _mapping(expected, "gpuprov_label_node_plan", "the computed labels (a dict)")
+    try:
+        return labels.node_plan([n for n in nodes if isinstance(n, Mapping)], str(node_name),
+                                expected, str(series_key))
+    except Exception as exc:
+        raise AnsibleFilterError(f"gpuprov_label_node_plan: {exc}") from exc
+
+
+def gpuprov_taint_plan(taints: Any, key: Any, value: Any, effect: Any) -> dict:
+    if not isinstance(taints, list):
+        raise AnsibleFilterError(f"gpuprov_taint_plan expects the node's taints, got {taints!r}")
+    return _labels().taint_plan([t for t in taints if isinstance(t, Mapping)], str(key),
+                                str(value), str(effect))
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
             "gpuprov_label_owned": gpuprov_label_owned,
             "gpuprov_label_patch": gpuprov_label_patch,
             "gpuprov_node_labels": gpuprov_node_labels,
+            "gpuprov_label_node_plan": gpuprov_label_node_plan,
+            "gpuprov_taint_plan": gpuprov_taint_plan,
         }

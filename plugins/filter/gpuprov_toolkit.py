@@ -1,4 +1,14 @@
-"""Ansible filter that sets the NVIDIA container toolkit's GPU-access keys in its config.toml.
+"""Ansible filters: the nvidia_container_toolkit role's decisions (gpuprov/toolkit_plan.py) and
+its config.toml merge (gpuprov/toolkit_config.py).
+
+    settings | gpuprov_toolkit_plan
+        -> the plan before the node is read (gpuprov.toolkit_plan.plan: install_names,
+           runtime, written_files, read_configs, key_source, gpu_access, problem)
+    state | gpuprov_toolkit_work(plan, probe_packages, apt_sources=text|None)
+        -> what the node's read leaves to do (runtime_problem, keyring_found, keyring_ok,
+           apt_sources_current, missing, unheld, containerd_text, toolkit_text)
+    work | gpuprov_toolkit_repository(manage_repo=..., key_changed=...)
+        -> {"dearmor_needed", "work"}: the repository steps after the key was fetched
 
     text | gpuprov_toolkit_config(settings, path=...)
         -> {"text", "changed"}   (gpuprov.toolkit_config.merge; the admin's keys and comments
@@ -15,6 +25,7 @@ ansible.builtin.copy (backup, diff, check mode). Nothing here is shipped to node
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,13 +37,39 @@ INSTALL_HINT = (
 )
 
 
-def _module() -> Any:
+def _module(name: str = "toolkit_config") -> Any:
     # Imported on first use: Ansible loads every filter plugin for every template.
     try:
-        from gpuprov import toolkit_config
+        return importlib.import_module(f"gpuprov.{name}")
     except ImportError as exc:
         raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
-    return toolkit_config
+
+
+def toolkit_plan(settings: Any) -> dict:
+    if not isinstance(settings, Mapping):
+        raise AnsibleFilterError(
+            f"gpuprov_toolkit_plan expects the role's settings, got {settings!r}")
+    module = _module("toolkit_plan")
+    try:
+        return module.plan(module.Settings.from_vars(settings))
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError(f"gpuprov_toolkit_plan: {exc}") from None
+
+
+def toolkit_work(state: Any, plan: Any, probe_packages: Any, apt_sources: Any = None) -> dict:
+    if not (isinstance(state, Mapping) and isinstance(plan, Mapping)
+            and isinstance(probe_packages, list)):
+        raise AnsibleFilterError("gpuprov_toolkit_work expects the node's read, the plan and the "
+                                 f"probe's package list, got {state!r}, {plan!r}, "
+                                 f"{probe_packages!r}")
+    return _module("toolkit_plan").work(plan, state, probe_packages, apt_sources=apt_sources)
+
+
+def toolkit_repository(work: Any, manage_repo: Any, key_changed: Any) -> dict:
+    if not isinstance(work, Mapping):
+        raise AnsibleFilterError(f"gpuprov_toolkit_repository expects the work, got {work!r}")
+    return _module("toolkit_plan").repository(work, manage_repo=_bool(manage_repo),
+                                              key_changed=_bool(key_changed))
 
 
 def toolkit_config(text: Any, settings: Mapping[str, Any], path: str | None = None) -> dict:
@@ -75,4 +112,7 @@ def _bool(value: Any) -> bool:
 class FilterModule:
     def filters(self) -> dict:
         return {"gpuprov_toolkit_config": toolkit_config,
-                "gpuprov_device_list_problems": device_list_problems}
+                "gpuprov_device_list_problems": device_list_problems,
+                "gpuprov_toolkit_plan": toolkit_plan,
+                "gpuprov_toolkit_work": toolkit_work,
+                "gpuprov_toolkit_repository": toolkit_repository}

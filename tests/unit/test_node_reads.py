@@ -1,6 +1,5 @@
 """The roles' one read of a node (gpuprov.probe.node_state, run by the gpuprov_node_state
-module) and the filters the roles decide from (plugins/filter/gpuprov_node_state.py,
-gpuprov_kube.py).
+module) and the filters the roles decide from (plugins/filter/gpuprov_node_state.py).
 
 Fixture cases, the way pyinfra's tests/facts/*/ are written: each
 tests/fixtures/node_state/*.yml gives the module's arguments, the files of a node (under a
@@ -34,11 +33,6 @@ PLAYBOOK_BIN = Path(sys.executable).parent / "ansible-playbook"
 @pytest.fixture(scope="module")
 def packages(ansible_plugin):
     return ansible_plugin("filter/gpuprov_node_state.py")
-
-
-@pytest.fixture(scope="module")
-def kube(ansible_plugin):
-    return ansible_plugin("filter/gpuprov_kube.py")
 
 
 def _plant(root: Path, files: dict) -> None:
@@ -154,12 +148,3 @@ def test_written_files_are_current_only_with_the_same_content_mode_and_root_owne
     assert not packages.file_current(files, "/etc/absent", "")
     with pytest.raises(AnsibleFilterError, match="list of files"):
         packages.file_current({"path": "/etc/sources"}, "/etc/sources", "")
-
-
-def test_allocatable_gpus_per_named_node(kube):
-    nodes = [{"metadata": {"name": "gpu-a"}, "status": {"allocatable": {"nvidia.com/gpu": "4"}}},
-             {"metadata": {"name": "gpu-b"}, "status": {"allocatable": {"cpu": "8"}}}]
-    assert kube.allocatable_gpus(["gpu-a", "gpu-b", "gpu-c"], nodes) == {
-        "gpu-a": "4", "gpu-b": "0", "gpu-c": "0"}
-    with pytest.raises(AnsibleFilterError, match="list of Node objects"):
-        kube.allocatable_gpus(["gpu-a"], {"items": nodes})

@@ -21,7 +21,7 @@ FILE_WRITERS = {
 NO_BACKUP = {
     # NVIDIA's repository key as downloaded (ASCII armour), replaced when NVIDIA rotates it:
     # a backup of an old key is never wanted back; the keyring made from it is apt's config.
-    "{{ __nvidia_container_toolkit_key_source }}",
+    "{{ __nvidia_container_toolkit_plan.key_source }}",
 }
 
 

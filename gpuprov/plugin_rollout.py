@@ -1,0 +1,114 @@
+"""The nvidia_device_plugin role's decisions about the cluster, from what the Kubernetes API
+answered (k8s_info's resources, the k8s module's apply result), called through the filters in
+plugins/filter/gpuprov_kube.py:
+
+    node_problem       before the apply: GPU nodes the cluster does not know, and those the
+                       DaemonSet's nodeSelector leaves out (None when there are none)
+    applied_daemonset  the DaemonSet as the API answered the apply
+    settled            nothing to wait for: the DaemonSet's controller has seen this template,
+                       every node it selects runs an available pod of it (what `kubectl rollout
+                       status` checks), and every GPU node advertised nvidia.com/gpu before
+                       the apply, which restarted no pod; a second run then makes no wait
+                       request
+    ds_generation      the DaemonSet's generation once its controller has seen it (0 until
+                       then): its pods of the current template carry it in the label
+                       pod-template-generation
+    without_pod        GPU nodes without a Running plugin pod of the current template
+    allocatable_gpus   each GPU node's allocatable nvidia.com/gpu ("0" when none)
+    without_gpus       GPU nodes that advertise none
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def _meta(obj: Mapping) -> Mapping:
+    return obj.get("metadata") or {}
+
+
+def unselected_nodes(node_list: Iterable[Mapping], gpu_nodes: list, selector: Mapping) -> list:
+    """The play's GPU nodes whose labels lack one of the nodeSelector's."""
+    out = []
+    for node in node_list:
+        labels = _meta(node).get("labels") or {}
+        if _meta(node).get("name") in gpu_nodes and any(
+                labels.get(key) != value for key, value in selector.items()):
+            out.append(_meta(node)["name"])
+    return out
+
+
+def node_problem(node_list: list, gpu_nodes: list, selector: Mapping,
+                 check_mode: bool = False) -> str | None:
+    """What is wrong with the play's GPU nodes as the cluster has them, with what to do. In
+    check mode the labels stage changed nothing, so missing labels are not a problem yet."""
+    known = {_meta(node).get("name") for node in node_list}
+    unknown = [name for name in gpu_nodes if name not in known]
+    unselected = [] if check_mode else unselected_nodes(node_list, gpu_nodes, selector)
+    text = ""
+    if unknown:
+        text += (f"GPU nodes not in the cluster: {', '.join(unknown)} (kubectl get nodes; join "
+                 "them first, or set gpu_node_labels_node_name when the inventory name is not "
+                 "the node name). ")
+    if unselected:
+        text += (f"GPU nodes without the labels {json.dumps(dict(selector))} the DaemonSet "
+                 f"selects: {', '.join(unselected)}. Run the labels stage first "
+                 "(playbooks/labels.yml), or change nvidia_device_plugin_node_selector.")
+    return text or None
+
+
+def applied_daemonset(applied: Mapping) -> dict:
+    """The DaemonSet in the k8s module's result of applying several objects ({} if none)."""
+    for item in (applied.get("result") or {}).get("results") or []:
+        obj = (item.get("result") or {}) if isinstance(item, Mapping) else {}
+        if obj.get("kind") == "DaemonSet":
+            return dict(obj)
+    return {}
+
+
+def allocatable_gpus(names: Iterable[str], nodes: Iterable[Mapping]) -> dict[str, str]:
+    """Each named node's allocatable nvidia.com/gpu in a LIST of Node objects, "0" when the
+    node has none or is not in the list."""
+    allocatable = {}
+    for node in nodes:
+        if isinstance(node, Mapping):
+            status = node.get("status") or {}
+            allocatable[_meta(node).get("name")] = str(
+                (status.get("allocatable") or {}).get(GPU_RESOURCE, "0"))
+    return {name: allocatable.get(name, "0") for name in names}
+
+
+def without_gpus(gpu_nodes: Iterable[str], nodes: Iterable[Mapping]) -> list:
+    return [name for name, count in allocatable_gpus(gpu_nodes, nodes).items() if count == "0"]
+
+
+def settled(daemonset: Mapping, gpu_nodes: list, nodes_before: list) -> bool:
+    if not daemonset:
+        return False
+    status = daemonset.get("status") or {}
+    desired = status.get("desiredNumberScheduled", -1)
+    return (status.get("observedGeneration", 0) >= _meta(daemonset).get("generation", 1)
+            and status.get("updatedNumberScheduled", 0) == desired
+            and status.get("numberAvailable", 0) == desired
+            and not without_gpus(gpu_nodes, nodes_before))
+
+
+def ds_generation(resources: list) -> int:
+    daemonset = resources[0] if resources else {}
+    generation = _meta(daemonset).get("generation", 0)
+    observed = (daemonset.get("status") or {}).get("observedGeneration", 0)
+    return generation if observed >= generation else 0
+
+
+def without_pod(pods: Iterable[Mapping], gpu_nodes: list, generation: int) -> list:
+    running = set()
+    for pod in pods:
+        meta = _meta(pod)
+        if ((pod.get("status") or {}).get("phase") == "Running"
+                and "deletionTimestamp" not in meta
+                and (meta.get("labels") or {}).get("pod-template-generation") == str(generation)):
+            running.add((pod.get("spec") or {}).get("nodeName"))
+    return [name for name in gpu_nodes if name not in running]

@@ -1,0 +1,166 @@
+"""What the nvidia_container_toolkit role does on a node: decided here, in tested Python, and
+called from the role's set_fact tasks (plugins/filter/gpuprov_toolkit.py):
+
+    plan(settings)               before the node is read: what apt/dnf are asked for, the
+                                 runtime's entry, the files the role writes and reads, the
+                                 GPU-access keys wanted, and the first problem with the settings
+    work(plan, state, probe)     after the node is read (gpuprov.probe.node_state) and with the
+                                 preflight's probe report of this run: the runtime problem, the
+                                 keyring and sources file as found, the packages missing or not
+                                 held, the configs' text
+    repository(work, ...)        after the key was fetched: whether to dearmor it, and whether
+                                 the repository steps have work at all
+
+The containerd/Docker/CRI-O merges are gpuprov/runtime_config.py's, the toolkit's config.toml
+gpuprov/toolkit_config.py's. Messages name the host and say what to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpuprov.node_checks import file_current, packages_missing, plain
+
+# apt: name=version, dnf: name-version.
+VERSION_SEPARATORS = {"apt": "=", "dnf": "-"}
+# A RuntimeClass handler name (a DNS label), as Kubernetes validates it.
+HANDLER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The role's settings and the node's per-OS data (vars/<OS>.yml)."""
+
+    host: str
+    os_name: str
+    os_version: str
+    package_manager: str | None = None  # None: the role has no data for this OS
+    packages: tuple = ()
+    version: str | None = None
+    hold: bool = True
+    manage_repo: bool = True
+    runtime: str = "containerd"
+    runtime_name: str = "nvidia"
+    runtime_binary: str = "/usr/bin/nvidia-container-runtime"
+    # runtime -> {"service", "ready", "installed"} (vars/main.yml)
+    runtimes: Mapping = field(default_factory=dict)
+    keyring: str = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+    apt_sources_path: str = "/etc/apt/sources.list.d/nvidia-container-toolkit.sources"
+    containerd_config: str = "/etc/containerd/config.toml"
+    containerd_drop_in: str = "/etc/containerd/conf.d/99-nvidia.toml"
+    toolkit_config: str = "/etc/nvidia-container-runtime/config.toml"
+    accept_envvar_unprivileged: bool = False
+    accept_volume_mounts: bool = True
+
+    @classmethod
+    def from_vars(cls, values: Mapping) -> Settings:
+        unknown = sorted(set(values) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown settings {', '.join(unknown)}")
+        values = plain(values)
+        values["os_version"] = str(values.get("os_version"))
+        values["packages"] = tuple(values.get("packages") or ())
+        if values.get("version") is not None:
+            values["version"] = str(values["version"])
+        return cls(**values)
+
+
+def plan(s: Settings) -> dict:
+    names = list(s.packages)
+    if s.version is not None and s.package_manager in VERSION_SEPARATORS:
+        names = [f"{n}{VERSION_SEPARATORS[s.package_manager]}{s.version}" for n in s.packages]
+    apt = s.package_manager == "apt"
+    containerd = s.runtime == "containerd"
+    return {
+        "settings": dataclasses.asdict(s),
+        "install_names": names,
+        "runtime": dict(s.runtimes.get(s.runtime) or {}),
+        # Read with the node (checksum, mode, owner), so that each is written only where it
+        # differs; the configs are read for their text, to merge into.
+        "written_files": ([s.keyring, s.apt_sources_path] if apt else [])
+        + ([s.containerd_drop_in] if containerd else []),
+        "read_configs": ([s.containerd_config] if containerd else []) + [s.toolkit_config],
+        # The armoured key as fetched, kept next to the keyring so that a rotated key is
+        # noticed and dearmored again (apt reads neither file unless a source names it).
+        "key_source": re.sub(r"\.gpg$", "", s.keyring) + ".asc",
+        # The toolkit's GPU-access keys as the settings want them (gpuprov/toolkit_config.py).
+        "gpu_access": {
+            "accept-nvidia-visible-devices-envvar-when-unprivileged": s.accept_envvar_unprivileged,
+            "accept-nvidia-visible-devices-as-volume-mounts": s.accept_volume_mounts,
+        },
+        "problem": setting_problem(s),
+    }
+
+
+def setting_problem(s: Settings) -> str | None:
+    """The first thing wrong with the OS data or the runtime settings, with what to do."""
+    if s.package_manager is None:
+        return (f"{s.os_name} {s.os_version} has no data in the nvidia_container_toolkit role: "
+                f"add roles/nvidia_container_toolkit/vars/{s.os_name}_{s.os_version}.yml.")
+    if (s.runtime not in s.runtimes or not HANDLER_NAME.match(s.runtime_name)
+            or not posixpath.isabs(s.runtime_binary)):
+        return (f"{s.host}: nvidia_container_toolkit_runtime must be one of "
+                f"{', '.join(s.runtimes)} (is {s.runtime}), nvidia_container_toolkit_runtime_name "
+                "a RuntimeClass handler name (lower case letters, digits, '-'; is "
+                f"{s.runtime_name}) and nvidia_container_toolkit_runtime_binary an absolute path "
+                f"(is {s.runtime_binary}).")
+    return None
+
+
+def work(the_plan: Mapping, state: Mapping, probe_packages: list, *,
+         apt_sources: str | None = None) -> dict:
+    """What the node's read and the preflight's probe (its packages.driver list) leave to do.
+
+    apt_sources: the sources file's text as the role writes it (None on dnf nodes).
+    """
+    s = the_plan["settings"]
+    files = state.get("files") or []
+    keyring = [f for f in files if f.get("path") == s["keyring"]]
+    contents = state.get("contents") or {}
+    held = {p.get("name") for p in probe_packages if p.get("held")}
+    return {
+        "runtime_problem": runtime_problem(the_plan, state),
+        "keyring_found": bool(keyring),
+        # The keyring is root's 0644 (apt reads it as _apt).
+        "keyring_ok": any(f.get("mode") == "0644" and f.get("uid") == 0 and f.get("gid") == 0
+                          for f in keyring),
+        "apt_sources_current": apt_sources is not None
+        and file_current(files, s["apt_sources_path"], apt_sources),
+        # From the preflight's probe of this run (the driver stage installs none of them).
+        "missing": packages_missing(s["packages"], probe_packages, s["version"]),
+        "unheld": [n for n in s["packages"] if n not in held] if s["hold"] else [],
+        "containerd_text": contents.get(s["containerd_config"]),
+        "toolkit_text": contents.get(s["toolkit_config"]),
+    }
+
+
+def runtime_problem(the_plan: Mapping, state: Mapping) -> str | None:
+    """The role configures the runtime the node runs (installing one is the cluster
+    installer's job) and merges into its config, never rewriting one it could not read."""
+    s = the_plan["settings"]
+    version = state.get("version") or {}
+    if version.get("rc", 1) != 0:
+        command = " ".join(the_plan["runtime"].get("installed") or [s["runtime"]])
+        return (f"{s['host']}: {command} failed ({version.get('output') or 'no answer'}): "
+                f"install {s['runtime']} first (this role configures the node's runtime, it "
+                "installs none), or set nvidia_container_toolkit_runtime to the runtime the node "
+                "has.")
+    if state.get("unreadable"):
+        return (f"{s['host']}: {', '.join(state['unreadable'])} exists but could not be read: "
+                "check it (ls -l, cat) on the node; the role merges into it and never rewrites "
+                "what it cannot read.")
+    return None
+
+
+def repository(the_work: Mapping, *, manage_repo: bool, key_changed: bool) -> dict:
+    """gpg is needed only when there is something to dearmor: the key changed (fetched or
+    copied) or the keyring is missing; the repository steps run only when the keyring, the
+    sources file or the packages need it, so a converged node skips them all."""
+    dearmor = manage_repo and (key_changed or not the_work["keyring_found"])
+    repo_work = manage_repo and (dearmor or not the_work["keyring_ok"]
+                                 or not the_work["apt_sources_current"])
+    return {"dearmor_needed": dearmor, "work": repo_work or bool(the_work["missing"])}

@@ -1,0 +1,147 @@
+"""The nvidia_container_toolkit role's decisions (gpuprov/toolkit_plan.py), as the role calls
+them through plugins/filter/gpuprov_toolkit.py, with the role's own data (vars/main.yml,
+defaults/main.yml)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+
+from gpuprov import toolkit_plan
+
+ROLE = Path(__file__).resolve().parents[2] / "roles" / "nvidia_container_toolkit"
+DATA = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+SOURCES = "Types: deb\nURIs: https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)\n"
+
+
+def _settings(**overrides) -> dict:
+    settings = {
+        "host": "gpu-a", "os_name": "Debian", "os_version": "12", "package_manager": "apt",
+        "packages": DATA["__nvidia_container_toolkit_packages"],
+        "version": DEFAULTS["nvidia_container_toolkit_version"],
+        "runtimes": DATA["__nvidia_container_toolkit_runtimes"],
+        "apt_sources_path": DATA["__nvidia_container_toolkit_apt_sources_path"],
+    }
+    return {**settings, **overrides}
+
+
+@pytest.fixture(scope="module")
+def toolkit(ansible_plugin):
+    return ansible_plugin("filter/gpuprov_toolkit.py")
+
+
+def test_the_plan_pins_all_four_packages_and_names_the_files(toolkit):
+    plan = toolkit.toolkit_plan(_settings())
+    version = DEFAULTS["nvidia_container_toolkit_version"]
+    assert plan["install_names"] == [f"{n}={version}" for n in
+                                     DATA["__nvidia_container_toolkit_packages"]]
+    assert plan["runtime"]["installed"] == ["containerd", "--version"]
+    assert plan["written_files"] == [
+        "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg",
+        "/etc/apt/sources.list.d/nvidia-container-toolkit.sources",
+        "/etc/containerd/conf.d/99-nvidia.toml"]
+    assert plan["read_configs"] == ["/etc/containerd/config.toml",
+                                    "/etc/nvidia-container-runtime/config.toml"]
+    assert plan["key_source"] == "/usr/share/keyrings/nvidia-container-toolkit-keyring.asc"
+    assert plan["problem"] is None
+
+
+def test_dnf_and_docker_nodes_write_and_read_other_files(toolkit):
+    plan = toolkit.toolkit_plan(_settings(package_manager="dnf", runtime="docker",
+                                          version="1.18.1-1"))
+    assert plan["install_names"][0] == "nvidia-container-toolkit-1.18.1-1"
+    assert plan["written_files"] == []
+    assert plan["read_configs"] == ["/etc/nvidia-container-runtime/config.toml"]
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"package_manager": None}, "Debian 12 has no data in the nvidia_container_toolkit role"),
+    ({"runtime": "podman"}, "nvidia_container_toolkit_runtime must be one of containerd, docker, "
+                            "crio (is podman)"),
+    ({"runtime_name": "NVIDIA_runtime"}, "a RuntimeClass handler name"),
+    ({"runtime_binary": "nvidia-container-runtime"}, "an absolute path"),
+])
+def test_setting_problems_say_what_is_wrong(toolkit, overrides, expected):
+    assert expected in toolkit.toolkit_plan(_settings(**overrides))["problem"]
+
+
+def _root_file(path: str, text: str = "", mode: str = "0644") -> dict:
+    return {"path": path, "mode": mode, "uid": 0, "gid": 0,
+            "checksum": hashlib.sha1(text.encode()).hexdigest()}
+
+
+def test_a_converged_node_leaves_no_work(toolkit):
+    plan = toolkit.toolkit_plan(_settings())
+    version = DEFAULTS["nvidia_container_toolkit_version"]
+    probe = [{"name": n, "version": version, "state": "installed", "held": True}
+             for n in DATA["__nvidia_container_toolkit_packages"]]
+    state = {"version": {"rc": 0, "output": "containerd github.com/containerd/containerd 1.6.20"},
+             "files": [_root_file(plan["written_files"][0], "key"),
+                       _root_file(plan["written_files"][1], SOURCES)],
+             "contents": {"/etc/containerd/config.toml": "version = 2\n"}, "unreadable": []}
+    work = toolkit.toolkit_work(state, plan, probe, apt_sources=SOURCES)
+    assert work == {"runtime_problem": None, "keyring_found": True, "keyring_ok": True,
+                    "apt_sources_current": True, "missing": [], "unheld": [],
+                    "containerd_text": "version = 2\n", "toolkit_text": None}
+    assert toolkit.toolkit_repository(work, True, False) == {"dearmor_needed": False,
+                                                             "work": False}
+
+
+def test_a_bare_node_needs_the_key_the_repository_and_the_packages(toolkit):
+    plan = toolkit.toolkit_plan(_settings())
+    state = {"version": {"rc": 0, "output": "containerd 1.6.20"}, "files": [], "contents": {},
+             "unreadable": []}
+    work = toolkit.toolkit_work(state, plan, [], apt_sources=SOURCES)
+    assert work["missing"] == DATA["__nvidia_container_toolkit_packages"]
+    assert work["unheld"] == work["missing"]
+    assert not (work["keyring_found"] or work["keyring_ok"] or work["apt_sources_current"])
+    assert toolkit.toolkit_repository(work, True, False) == {"dearmor_needed": True, "work": True}
+    # A site that manages the repository itself: only the packages are the role's work.
+    assert toolkit.toolkit_repository(work, False, False) == {"dearmor_needed": False,
+                                                              "work": True}
+
+
+def test_a_rotated_key_is_dearmored_again_and_a_wrong_mode_fixed(toolkit):
+    plan = toolkit.toolkit_plan(_settings(hold=False))
+    probe = [{"name": n, "version": "1.20.0-1", "state": "installed", "held": False}
+             for n in DATA["__nvidia_container_toolkit_packages"]]
+    state = {"version": {"rc": 0, "output": "containerd"}, "contents": {}, "unreadable": [],
+             "files": [_root_file(plan["written_files"][0], "key", mode="0600"),
+                       _root_file(plan["written_files"][1], SOURCES)]}
+    work = toolkit.toolkit_work(state, plan, probe, apt_sources=SOURCES)
+    assert work["keyring_found"] and not work["keyring_ok"] and work["unheld"] == []
+    assert toolkit.toolkit_repository(work, True, False) == {"dearmor_needed": False,
+                                                             "work": True}
+    assert toolkit.toolkit_repository(work, True, True)["dearmor_needed"] is True
+
+
+def test_runtime_problems_missing_runtime_then_unreadable_config(toolkit):
+    plan = toolkit.toolkit_plan(_settings(runtime="crio"))
+    missing = {"version": {"rc": 127, "output": "crio: not found"}, "unreadable": []}
+    assert toolkit.toolkit_work(missing, plan, [])["runtime_problem"] == (
+        "gpu-a: crio --version failed (crio: not found): install crio first (this role "
+        "configures the node's runtime, it installs none), or set "
+        "nvidia_container_toolkit_runtime to the runtime the node has.")
+    unreadable = {"version": {"rc": 0, "output": "crio version 1.28"},
+                  "unreadable": ["/etc/nvidia-container-runtime/config.toml"]}
+    assert toolkit.toolkit_work(unreadable, plan, [])["runtime_problem"].startswith(
+        "gpu-a: /etc/nvidia-container-runtime/config.toml exists but could not be read")
+
+
+def test_bad_input_is_one_clear_error(toolkit):
+    with pytest.raises(AnsibleFilterError, match="unknown settings flavour"):
+        toolkit.toolkit_plan(_settings(flavour="open"))
+    with pytest.raises(AnsibleFilterError, match="expects the node's read, the plan"):
+        toolkit.toolkit_work({}, {}, "not a list")
+
+
+def test_settings_fields_are_the_ones_the_role_passes():
+    check = (ROLE / "tasks" / "check.yml").read_text()
+    passed = {line.split("'")[1] for line in check.splitlines()
+              if line.strip().startswith(("{{ {'", "'")) and "':" in line}
+    assert passed and passed <= set(toolkit_plan.Settings.__dataclass_fields__)
