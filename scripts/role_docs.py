@@ -103,7 +103,10 @@ def render(readme: str, role: Path) -> str:
     first = next((i for i in range(start + 1, len(lines))
                   if lines[i].startswith("|") or lines[i].startswith("## ")), len(lines))
     if first == len(lines) or not lines[first].startswith("|"):
-        first = last = start + 1  # no table yet: it goes right under the heading
+        # No table yet: it goes at the end of the section's paragraphs (which may have the
+        # line that says where it comes from, replaced like the table's).
+        first = last = next((i for i in range(start + 1, len(lines))
+                             if lines[i].startswith("## ")), len(lines))
     else:
         last = first
         while last < len(lines) and lines[last].startswith("|"):

@@ -58,6 +58,9 @@ NEW = "535.261.03"  # bookworm
 FAILED = "gpuprov.io/upgrade-failed"
 WAS_CORDONED = "gpuprov.io/upgrade-was-cordoned"
 GPUS = {"gpu-pascal": "4", "gpu-hopper": "8", "gpu-pascal-2": "4"}
+# The role's tasks, as the JSON callback names them.
+ROLE = "gpu_node_upgrade : "
+VERIFY_TASK = ROLE + "Verify the node, smoke pods included, while it is still cordoned"
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +75,12 @@ def _core(lab: Lab) -> client.CoreV1Api:
 
 def _nodes(lab: Lab) -> dict:
     return {n.metadata.name: n for n in _core(lab).list_node().items}
+
+
+def _task_results(doc: dict, name: str) -> dict:
+    """{host: result} of the task of that name, across the plays."""
+    return {host: result for play in doc["plays"] for task in play["tasks"]
+            if task["task"]["name"] == name for host, result in task["hosts"].items()}
 
 
 def _upgrade_annotations(node) -> set[str]:
@@ -246,6 +255,8 @@ def blocked_run(upgrade_lab, bad_target_run):
     """The upgrade while a PodDisruptionBudget refuses to let gpu-pascal (the first node) be
     drained: the rollout must stop at that node. The budget is removed afterwards."""
     uid = _start_blocked_workload(upgrade_lab)
+    # The timeout under its deprecated name (gpu_node_upgrade_drain_timeout's before the role):
+    # still read, with a deprecation warning.
     rc, doc = run_playbook(upgrade_lab, *UPGRADE, "-e", "upgrade_drain_timeout=20")
     client.PolicyV1Api(kube_api(upgrade_lab)).delete_namespaced_pod_disruption_budget(
         "trainer", WORKLOAD_NS)
@@ -263,6 +274,11 @@ def test_a_node_that_cannot_be_drained_stops_the_rollout(upgrade_lab, blocked_ru
     assert pascal.spec.unschedulable is True
     reason = (pascal.metadata.annotations or {}).get(FAILED, "")
     assert reason.startswith("Cordon and drain the node: "), reason
+    (drain,) = _task_results(doc, ROLE + "Cordon and drain the node").values()
+    assert drain["invocation"]["module_args"]["delete_options"]["wait_timeout"] == 20
+    (warned,) = _task_results(doc, ROLE + "Warn about settings given under their deprecated "
+                                          "names (upgrade_*)").values()
+    assert warned["deprecated"] == {"upgrade_drain_timeout": "gpu_node_upgrade_drain_timeout"}
     for node in GPU_NODES[1:]:
         assert not nodes[node].spec.unschedulable, node
         assert _upgrade_annotations(nodes[node]) == set(), node
@@ -410,9 +426,6 @@ def test_rerun_completes_the_rollout(upgrade_run):
         {"gpu-pascal": False, "gpu-hopper": True, "gpu-pascal-2": True}
 
 
-VERIFY_TASK = "Verify the node, smoke pods included, while it is still cordoned"
-
-
 def test_each_upgraded_node_ran_the_smoke_pods_while_cordoned(upgrade_run):
     _, doc = upgrade_run
     verified = {}
@@ -459,6 +472,5 @@ def test_second_run_changes_nothing(upgrade_lab, upgrade_run):
     assert rc == 0, playbook_failures(doc)
     assert {n: s["changed"] for n, s in doc["stats"].items()} == dict.fromkeys(GPU_NODES, 0)
     # Each node stopped at the skip: nothing was cordoned or drained.
-    for play in doc["plays"]:
-        for task in play["tasks"]:
-            assert task["task"]["name"] != "Cordon and drain the node", task["hosts"]
+    assert _task_results(doc, ROLE + "Report the installed driver and the target")
+    assert _task_results(doc, ROLE + "Cordon and drain the node") == {}

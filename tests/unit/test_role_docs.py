@@ -60,3 +60,18 @@ def test_render_keeps_the_sections_other_paragraphs(tmp_path):
     row = readme.index("| `", readme.index(role_docs.HEADING))
     stale = readme[:row] + "| `stale_" + readme[row + 3:]
     assert role_docs.render(stale, role) == readme
+
+
+def test_render_writes_a_missing_table_once_after_the_sections_paragraphs():
+    role = ROLES[0]
+    readme = (role / "README.md").read_text()
+    start = readme.index(role_docs.HEADING)
+    end = readme.index("\n## ", start)
+    # A new role's README: a paragraph and the line that says where the table comes from.
+    bare = (readme[:start] + role_docs.HEADING + "\n\nA paragraph.\n\n" + role_docs.INTRO + "\n"
+            + readme[end:])
+    rendered = role_docs.render(bare, role)
+    assert rendered.count(role_docs.INTRO) == 1
+    section = rendered[start:rendered.index("\n## ", start)]
+    assert section.index("A paragraph.") < section.index(role_docs.INTRO) < section.index("| `")
+    assert role_docs.render(rendered, role) == rendered
