@@ -60,6 +60,11 @@ def test_filters_are_registered():
         "gpuprov_classify",
         "gpuprov_choose_branch",
         "gpuprov_probe_gpus",
+        "gpuprov_node_python",
+        "gpuprov_probe_outcome",
+        "gpuprov_gpu_summary",
+        "gpuprov_choice_text",
+        "gpuprov_os_problem",
     }
 
 
