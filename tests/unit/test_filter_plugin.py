@@ -226,7 +226,9 @@ def run_preflight(tmp_path: Path, os_name: str, hosts: dict[str, dict], *args: s
         "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
         "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
         "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_LIBRARY": str(REPO / "tests" / "fixtures" / "ansible" / "library"),
+        # The test seam, then the roles' own modules (the variable replaces ansible.cfg's).
+        "ANSIBLE_LIBRARY": f"{REPO / 'tests' / 'fixtures' / 'ansible' / 'library'}:"
+                           f"{REPO / 'plugins' / 'modules'}",
         "ANSIBLE_FACTS_MODULES": "gpuprov_test_facts",
         "GPUPROV_TEST_OS": os_name,
     }

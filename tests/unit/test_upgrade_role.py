@@ -99,7 +99,9 @@ def _play_under_test(path: Path) -> Path:
 def _play(playbook: Path, inventory: Path, *args: str) -> dict:
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-           "ANSIBLE_LIBRARY": str(ROOT / "tests" / "fixtures" / "ansible" / "library"),
+           # The test seam, then the roles' own modules (the variable replaces ansible.cfg's).
+           "ANSIBLE_LIBRARY": f"{ROOT / 'tests' / 'fixtures' / 'ansible' / 'library'}:"
+                              f"{ROOT / 'plugins' / 'modules'}",
            "GPUPROV_TEST_OS": "Debian 12"}
     proc = subprocess.run([str(PLAYBOOK_BIN), "-i", str(inventory), str(playbook), *args],
                           capture_output=True, text=True, env=env, timeout=300, check=False)
