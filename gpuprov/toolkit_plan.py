@@ -7,7 +7,7 @@ called from the role's set_fact tasks (plugins/filter/gpuprov_toolkit.py):
     work(plan, state, probe)     after the node is read (gpuprov.probe.node_state) and with the
                                  preflight's probe report of this run: the runtime problem, the
                                  keyring and sources file as found, the packages missing or not
-                                 held, the configs' text
+                                 held, containerd's config and the toolkit's merged
     repository(work, ...)        after the key was fetched: whether to dearmor it, and whether
                                  the repository steps have work at all
 
@@ -23,6 +23,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpuprov import toolkit_config
 from gpuprov.node_checks import file_current, packages_missing, plain
 
 # apt: name=version, dnf: name-version.
@@ -134,7 +135,10 @@ def work(the_plan: Mapping, state: Mapping, probe_packages: list, *,
         "missing": packages_missing(s["packages"], probe_packages, s["version"]),
         "unheld": [n for n in s["packages"] if n not in held] if s["hold"] else [],
         "containerd_text": contents.get(s["containerd_config"]),
-        "toolkit_text": contents.get(s["toolkit_config"]),
+        # The toolkit's config.toml with the GPU-access keys set, from the file as read (none:
+        # missing, e.g. in check mode before the package is installed): {"text", "changed"}.
+        "config": toolkit_config.merge(contents.get(s["toolkit_config"]), the_plan["gpu_access"],
+                                       path=s["toolkit_config"]),
     }
 
 

@@ -6,7 +6,8 @@ its config.toml merge (gpuprov/toolkit_config.py).
            runtime, written_files, read_configs, key_source, gpu_access, problem)
     state | gpuprov_toolkit_work(plan, probe_packages, apt_sources=text|None)
         -> what the node's read leaves to do (runtime_problem, keyring_found, keyring_ok,
-           apt_sources_current, missing, unheld, containerd_text, toolkit_text)
+           apt_sources_current, missing, unheld, containerd_text, config: the toolkit's
+           config.toml merged as gpuprov_toolkit_config does)
     work | gpuprov_toolkit_repository(manage_repo=..., key_changed=...)
         -> {"dearmor_needed", "work"}: the repository steps after the key was fetched
 
@@ -62,7 +63,10 @@ def toolkit_work(state: Any, plan: Any, probe_packages: Any, apt_sources: Any = 
         raise AnsibleFilterError("gpuprov_toolkit_work expects the node's read, the plan and the "
                                  f"probe's package list, got {state!r}, {plan!r}, "
                                  f"{probe_packages!r}")
-    return _module("toolkit_plan").work(plan, state, probe_packages, apt_sources=apt_sources)
+    try:
+        return _module("toolkit_plan").work(plan, state, probe_packages, apt_sources=apt_sources)
+    except _module().ToolkitConfigError as exc:
+        raise AnsibleFilterError(str(exc)) from None
 
 
 def toolkit_repository(work: Any, manage_repo: Any, key_changed: Any) -> dict:

@@ -84,10 +84,15 @@ def test_a_converged_node_leaves_no_work(toolkit):
              "files": [_root_file(plan["written_files"][0], "key"),
                        _root_file(plan["written_files"][1], SOURCES)],
              "contents": {"/etc/containerd/config.toml": "version = 2\n"}, "unreadable": []}
+    state["contents"][plan["read_configs"][1]] = (
+        "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n"
+        "accept-nvidia-visible-devices-as-volume-mounts = true\n")
     work = toolkit.toolkit_work(state, plan, probe, apt_sources=SOURCES)
     assert work == {"runtime_problem": None, "keyring_found": True, "keyring_ok": True,
                     "apt_sources_current": True, "missing": [], "unheld": [],
-                    "containerd_text": "version = 2\n", "toolkit_text": None}
+                    "containerd_text": "version = 2\n",
+                    "config": {"text": state["contents"][plan["read_configs"][1]],
+                               "changed": False}}
     assert toolkit.toolkit_repository(work, True, False) == {"dearmor_needed": False,
                                                              "work": False}
 
@@ -100,6 +105,7 @@ def test_a_bare_node_needs_the_key_the_repository_and_the_packages(toolkit):
     assert work["missing"] == DATA["__nvidia_container_toolkit_packages"]
     assert work["unheld"] == work["missing"]
     assert not (work["keyring_found"] or work["keyring_ok"] or work["apt_sources_current"])
+    assert work["config"]["changed"]  # no config.toml yet: the keys are to be written
     assert toolkit.toolkit_repository(work, True, False) == {"dearmor_needed": True, "work": True}
     # A site that manages the repository itself: only the packages are the role's work.
     assert toolkit.toolkit_repository(work, False, False) == {"dearmor_needed": False,
@@ -145,3 +151,11 @@ def test_settings_fields_are_the_ones_the_role_passes():
     passed = {line.split("'")[1] for line in check.splitlines()
               if line.strip().startswith(("{{ {'", "'")) and "':" in line}
     assert passed and passed <= set(toolkit_plan.Settings.__dataclass_fields__)
+
+
+def test_a_toolkit_config_that_is_not_toml_is_one_clear_error(toolkit):
+    plan = toolkit.toolkit_plan(_settings())
+    state = {"version": {"rc": 0, "output": "containerd"}, "files": [], "unreadable": [],
+             "contents": {plan["read_configs"][1]: "[nvidia-container-cli\n"}}
+    with pytest.raises(AnsibleFilterError, match="config.toml"):
+        toolkit.toolkit_work(state, plan, [])
