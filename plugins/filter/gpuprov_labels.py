@@ -6,8 +6,6 @@ installed (`pip install -e .`). They run on the controller, like every filter.
 
     probe_report | gpuprov_node_labels(series_key='gputype')
         -> {"gputype": "p100", "nvidia.com/gpu.product": "Tesla-P100-PCIE-16GB", ...}
-    node_labels | gpuprov_label_patch(expected_labels, series_key='gputype')
-        -> {"gputype": "p100", "nvidia.com/gpu.memory": None, ...}  (null: remove)
     key | gpuprov_label_owned(series_key='gputype')  -> bool
     nodes | gpuprov_label_node_plan(node_name, expected, series_key='gputype')
         -> {"found", "patch", "removed"}: the role's work on the node (gpuprov.labels.node_plan)
@@ -53,19 +51,6 @@ def gpuprov_node_labels(report: Any, series_key: str = "gputype") -> dict[str, s
         raise AnsibleFilterError(f"gpuprov_node_labels: {exc}") from exc
 
 
-def gpuprov_label_patch(current: Any, expected: Any,
-                        series_key: str = "gputype") -> dict[str, str | None]:
-    """Owned labels to set (value) or remove (None) so that the node's owned labels are
-    `expected`; labels gpuprov does not own are never in it."""
-    labels = _labels()
-    current = _mapping(current or {}, "gpuprov_label_patch", "the node's labels (a dict)")
-    expected = _mapping(expected, "gpuprov_label_patch", "the computed labels (a dict)")
-    try:
-        return labels.label_patch(current, expected, str(series_key))
-    except Exception as exc:
-        raise AnsibleFilterError(f"gpuprov_label_patch: {exc}") from exc
-
-
 def gpuprov_label_owned(key: Any, series_key: str = "gputype") -> bool:
     labels = _labels()
     try:
@@ -99,7 +84,6 @@ class FilterModule:
     def filters(self) -> dict:
         return {
             "gpuprov_label_owned": gpuprov_label_owned,
-            "gpuprov_label_patch": gpuprov_label_patch,
             "gpuprov_node_labels": gpuprov_node_labels,
             "gpuprov_label_node_plan": gpuprov_label_node_plan,
             "gpuprov_taint_plan": gpuprov_taint_plan,

@@ -4,10 +4,6 @@ The nvidia_driver and nvidia_container_toolkit roles read each node once with th
 gpuprov_node_state module (plugins/modules/gpuprov_node_state.py: gpuprov's probe collectors,
 run on the node); these filters answer the roles' questions about that state.
 
-    names | gpuprov_packages_missing(packages, version=None)
-        -> the names that the packages (the state's {name: {...}}, or the probe report's list
-           of them) do not satisfy: not installed, or installed at a version that does not
-           match `version` (fnmatch, as the apt module matches name=version)
     files | gpuprov_file_current(path, content, mode="0644")
         -> whether the node's file (in the state's "files") has this content (sha1), mode and
            root ownership already: a role then skips the template/copy task, which costs
@@ -36,17 +32,6 @@ def _checks() -> Any:
     return node_checks
 
 
-def packages_missing(names: Any, packages: Any, version: Any = None) -> list[str]:
-    if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
-        raise AnsibleFilterError(
-            f"gpuprov_packages_missing expects a list of package names, got {names!r}")
-    if not isinstance(packages, Mapping) and (
-            isinstance(packages, (str, bytes)) or not isinstance(packages, Iterable)):
-        raise AnsibleFilterError("gpuprov_packages_missing expects packages by name or the "
-                                 f"probe's list, got {packages!r}")
-    return _checks().packages_missing(names, packages, version)
-
-
 def file_current(files: Any, path: Any, content: Any, mode: str = "0644") -> bool:
     if isinstance(files, (str, bytes, Mapping)) or not isinstance(files, Iterable):
         raise AnsibleFilterError(f"gpuprov_file_current expects a list of files, got {files!r}")
@@ -56,6 +41,5 @@ def file_current(files: Any, path: Any, content: Any, mode: str = "0644") -> boo
 class FilterModule:
     def filters(self) -> dict:
         return {
-            "gpuprov_packages_missing": packages_missing,
             "gpuprov_file_current": file_current,
         }

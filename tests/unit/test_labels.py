@@ -210,7 +210,9 @@ def test_filter_plugin_calls_the_labels_module():
     filters = gpuprov_labels.FilterModule().filters()
     rep = report("gpu-kepler")
     assert filters["gpuprov_node_labels"](rep) == labels.compute_labels(rep)
-    assert filters["gpuprov_label_patch"]({"gputype": "x", "a": "b"}, {}) == {"gputype": None}
+    assert filters["gpuprov_label_node_plan"](
+        [{"metadata": {"name": "n", "labels": {"gputype": "x", "a": "b"}}}], "n", {})[
+        "patch"] == {"gputype": None}
     assert filters["gpuprov_label_owned"]("nvidia.com/gpu.count") is True
     from ansible.errors import AnsibleFilterError
     with pytest.raises(AnsibleFilterError, match="probe report"):

@@ -22,6 +22,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 
+from gpuprov import node_checks
 from gpuprov.probe import node_state
 from gpuprov.probe.fs import Root
 
@@ -109,28 +110,22 @@ def test_the_module_runs_under_ansible_with_the_probe_as_its_module_utils(tmp_pa
     assert set(state["units"]) == {"nvidia-persistenced"}
 
 
-def test_missing_packages_honour_state_and_pinned_version(packages):
+def test_missing_packages_honour_state_and_pinned_version():
     installed = {"a": {"version": "535.261.03-1~deb12u1", "state": "installed"},
                  "b": {"version": "535.261.03-1~deb12u1", "state": "half-configured"}}
-    assert packages.packages_missing(["a", "b", "c"], installed) == ["b", "c"]
-    assert packages.packages_missing(["a"], installed, version="535.261.03-1~deb12u1") == []
-    assert packages.packages_missing(["a"], installed, version="535.261.03*") == []
-    assert packages.packages_missing(["a"], installed, version="535.261.03") == ["a"]
-    assert packages.packages_missing(["a"], installed, version="470.256.02-1") == ["a"]
+    assert node_checks.packages_missing(["a", "b", "c"], installed) == ["b", "c"]
+    assert node_checks.packages_missing(["a"], installed, version="535.261.03-1~deb12u1") == []
+    assert node_checks.packages_missing(["a"], installed, version="535.261.03*") == []
+    assert node_checks.packages_missing(["a"], installed, version="535.261.03") == ["a"]
+    assert node_checks.packages_missing(["a"], installed, version="470.256.02-1") == ["a"]
 
 
-def test_missing_packages_read_the_probe_list_too(packages):
+def test_missing_packages_read_the_probe_list_too():
     probe_list = [{"name": "nvidia-container-toolkit", "version": "1.17.8-1",
                    "state": "installed", "held": False}]
     names = ["nvidia-container-toolkit", "libnvidia-container1"]
-    assert packages.packages_missing(names, probe_list) == ["libnvidia-container1"]
-    assert packages.packages_missing(names[:1], probe_list, version="1.17.7-1") == names[:1]
-
-
-@pytest.mark.parametrize("names, pkgs", [("nvidia-smi", {}), (["a"], "text"), (["a"], 3)])
-def test_missing_packages_refuse_bad_input(packages, names, pkgs):
-    with pytest.raises(AnsibleFilterError, match="gpuprov_packages_missing expects"):
-        packages.packages_missing(names, pkgs)
+    assert node_checks.packages_missing(names, probe_list) == ["libnvidia-container1"]
+    assert node_checks.packages_missing(names[:1], probe_list, version="1.17.7-1") == names[:1]
 
 
 def test_written_files_are_current_only_with_the_same_content_mode_and_root_owner(packages,
