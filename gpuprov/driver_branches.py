@@ -17,6 +17,16 @@ Sources (retrieved 2026-11-22):
     archive.ubuntu.com is unreachable from the build machines; from Ubuntu's and NVIDIA's
     documentation: jammy carries 470-server (Kepler's last), both releases 535/550/570/580.
 
+[cuda-debian] NVIDIA CUDA repositories for Debian 12 and 13 (developer.download.nvidia.com/
+    compute/cuda/repos/debian{12,13}/x86_64, flat, keys 3bf863cc.pub and 8793F200.pub):
+    Debian's package names without a branch (nvidia-driver-cuda, nvidia-kernel-open-dkms,
+    nvidia-kernel-dkms, libcuda1, nvidia-smi), versions like 580.105.08-1, one branch kept by
+    installing nvidia-driver-pinning-<branch> (or -<version>) before the driver (NVIDIA Driver
+    Installation Guide, "Version locking packages for Ubuntu / Debian"; Google Dataproc's
+    spark-rapids init script after its PR #1400 does exactly that on Debian 12). The Debian 13
+    repository starts with CUDA 13.0 (R580); NVIDIA/cuda-repo-management issues #38 and #40
+    report 580 missing from it at first. Branch lists NOT verified here (unreachable).
+
 [cuda-rhel] NVIDIA CUDA repository for RHEL/Rocky 8 and 9 (developer.download.nvidia.com/
     compute/cuda/repos/rhel{8,9}), dnf module `nvidia-driver` streams `<branch>-dkms` and
     `<branch>-open`; NVIDIA Driver Installation Guide r580. From branch 590 NVIDIA replaced
@@ -49,26 +59,51 @@ def _branches(*rows: tuple[int, str, bool]) -> tuple[InstallableBranch, ...]:
 
 _UBUNTU_SERVER = "nvidia-driver-{b}-server / nvidia-headless-{b}-server[-open] (Ubuntu archive)"
 _RHEL_MODULE = "dnf module nvidia-driver:{b}-dkms / {b}-open (NVIDIA CUDA repository)"
+_CUDA_APT = ("nvidia-driver-cuda + nvidia-kernel[-open]-dkms {b}.x, held by "
+             "nvidia-driver-pinning-{b} (NVIDIA CUDA repository)")
 
-# (os id, major version) -> installable branches, oldest first.
-OS_BRANCHES: dict[tuple[str, str], tuple[InstallableBranch, ...]] = {
-    ("debian", "12"): _branches(
+# Where a node's driver packages come from (the nvidia_driver_source setting):
+#   distro  the OS's own archive (Debian non-free, Ubuntu restricted);
+#   nvidia  NVIDIA's CUDA repository for the OS (developer.download.nvidia.com/compute/cuda/
+#           repos/<os><version>/<arch>), or a mirror of it.
+DISTRO, NVIDIA = "distro", "nvidia"
+SOURCES = (DISTRO, NVIDIA)
+# The source a node gets when nvidia_driver_source is not set: its OS's own archive where that
+# has drivers; RHEL's has none, so NVIDIA's repository is RHEL's only source.
+DEFAULT_SOURCE = {"debian": DISTRO, "ubuntu": DISTRO, "rhel": NVIDIA}
+
+# (os id, version, source) -> installable branches, oldest first.
+OS_BRANCHES: dict[tuple[str, str, str], tuple[InstallableBranch, ...]] = {
+    ("debian", "12", DISTRO): _branches(
         (470, "nvidia-tesla-470-* 470.256.02 (bookworm non-free)", False),
         (535, "nvidia-driver 535.261.03 / nvidia-open-kernel-dkms (bookworm non-free, contrib)",
          True),
     ),
-    ("ubuntu", "22.04"): _branches(
+    # trixie: nvidia-driver and nvidia-open-kernel-dkms 550.163.01; no nvidia-tesla-470.
+    ("debian", "13", DISTRO): _branches(
+        (550, "nvidia-driver 550.163.01 / nvidia-open-kernel-dkms (trixie non-free, contrib)",
+         True),
+    ),
+    # [cuda-debian]: NVIDIA's repository for Debian 12 carries the branches since CUDA 12.3;
+    # the one for Debian 13 starts with CUDA 13.0 (R580).
+    ("debian", "12", NVIDIA): _branches(
+        *((b, _CUDA_APT.format(b=b), True) for b in (550, 570, 575, 580, 590)),
+    ),
+    ("debian", "13", NVIDIA): _branches(
+        *((b, _CUDA_APT.format(b=b), True) for b in (580, 590)),
+    ),
+    ("ubuntu", "22.04", DISTRO): _branches(
         (470, _UBUNTU_SERVER.format(b=470), False),
         *((b, _UBUNTU_SERVER.format(b=b), True) for b in (535, 550, 570, 580)),
     ),
-    ("ubuntu", "24.04"): _branches(
+    ("ubuntu", "24.04", DISTRO): _branches(
         *((b, _UBUNTU_SERVER.format(b=b), True) for b in (535, 550, 570, 580)),
     ),
-    ("rhel", "8"): _branches(
+    ("rhel", "8", NVIDIA): _branches(
         (470, "dnf module nvidia-driver:470-dkms (NVIDIA CUDA repository)", False),
         *((b, _RHEL_MODULE.format(b=b), True) for b in (535, 550, 570, 575, 580)),
     ),
-    ("rhel", "9"): _branches(
+    ("rhel", "9", NVIDIA): _branches(
         *((b, _RHEL_MODULE.format(b=b), True) for b in (535, 550, 570, 575, 580)),
     ),
 }
@@ -87,13 +122,49 @@ def normalise_os(os_id: str, os_version: str) -> tuple[str, str]:
     return family, version
 
 
-def installable_branches(os_id: str, os_version: str) -> tuple[InstallableBranch, ...]:
-    """Branches for the OS, oldest first; empty when gpuprov does not support the OS."""
-    return OS_BRANCHES.get(normalise_os(os_id, os_version), ())
+def source_for(os_id: str, source: str | None) -> str:
+    """The driver source a node uses: the setting, or its OS family's default. Raises
+    ValueError for a source gpuprov does not know."""
+    if source is None or not str(source).strip():
+        family = normalise_os(os_id, "")[0]
+        return DEFAULT_SOURCE.get(family, DISTRO)
+    source = str(source).strip().lower()
+    if source not in SOURCES:
+        raise ValueError(f"driver source {source!r} is not one of {', '.join(SOURCES)} "
+                         "(nvidia_driver_source)")
+    return source
+
+
+def installable_branches(os_id: str, os_version: str,
+                         source: str | None = None) -> tuple[InstallableBranch, ...]:
+    """Branches for the OS from the source, oldest first; empty when gpuprov does not
+    support the OS with that source."""
+    family, version = normalise_os(os_id, os_version)
+    return OS_BRANCHES.get((family, version, source_for(os_id, source)), ())
 
 
 def supported_os_names() -> str:
-    return ", ".join(f"{os_id} {version}" for os_id, version in OS_BRANCHES)
+    return ", ".join(dict.fromkeys(f"{os_id} {version}" for os_id, version, _ in OS_BRANCHES))
+
+
+def _not_offered(os_id: str, os_version: str, source: str) -> str:
+    """Why an OS and source have no branches at all, and what to do."""
+    sources = _sources_of(*normalise_os(os_id, os_version))
+    if sources:
+        return (f"{os_id} {os_version} has no driver source {source!r} in gpuprov: set "
+                f"nvidia_driver_source to {' or '.join(sources)}")
+    return (f"{os_id} {os_version} is not supported: gpuprov installs drivers on "
+            f"{supported_os_names()}; reinstall the node with one of them")
+
+
+def _where(family: str, version: str, source: str) -> str:
+    """"debian 12", or "debian 12 (nvidia)" where the source is not the OS's default."""
+    default = DEFAULT_SOURCE.get(family, DISTRO)
+    return f"{family} {version}" + ("" if source == default else f" ({source})")
+
+
+def _sources_of(family: str, version: str) -> list[str]:
+    return [src for (f, v, src) in OS_BRANCHES if (f, v) == (family, version)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,17 +213,20 @@ def choose_branch(
     os_id: str,
     os_version: str,
     pinned_branch: int | str | None = None,
+    source: str | None = None,
 ) -> BranchChoice:
     """Pick the node's driver branch: the pinned one if it drives every GPU and the OS can
-    install it, else the newest installable branch that drives them all.
+    install it from the source, else the newest branch from the source that drives them all.
 
     pci_ids are the node's PCI IDs ("10de:15f8"); devices of other vendors (a server's BMC
-    VGA, say) are ignored. Raises ValueError (hardware.InvalidPciId) only for text that is
-    not a PCI ID, or a pinned branch that is not a number.
+    VGA, say) are ignored. source is nvidia_driver_source (None: the OS's default). Raises
+    ValueError (hardware.InvalidPciId) only for text that is not a PCI ID, a pinned branch
+    that is not a number, or a source gpuprov does not know.
     """
     pin = _pinned(pinned_branch)
     family, version = normalise_os(os_id, os_version)
-    os_name = f"{family} {version}"
+    source = source_for(os_id, source)
+    os_name = _where(family, version, source)
     gpus = tuple(
         classify(pci_id)
         for pci_id in pci_ids
@@ -165,10 +239,9 @@ def choose_branch(
         return BranchChoice(ok=False, branch=None, reason=reason, os=os_name, gpus=gpus,
                             notes=notes)
 
-    offered = OS_BRANCHES.get((family, version))
+    offered = OS_BRANCHES.get((family, version, source))
     if offered is None:
-        return fail(f"{os_id} {os_version} is not supported: gpuprov installs drivers on "
-                    f"{supported_os_names()}; reinstall the node with one of them")
+        return fail(_not_offered(os_id, os_version, source))
 
     legacy = [g for g in gpus if g.status == "legacy"]
     if legacy:
@@ -240,10 +313,11 @@ def _nothing_fits(known: list[Classification], offered: tuple[InstallableBranch,
     lo = max(g.min_branch or 0 for g in known)
     caps = [g.max_branch for g in known if g.max_branch is not None]
     wanted = f"{lo}-{min(caps)}" if caps else f">= {lo}"
-    elsewhere = [f"{os_id} {version}" for (os_id, version), branches in OS_BRANCHES.items()
-                 if any(all(g.supports_branch(b.branch) for g in known)
-                        and (b.open_kernel_modules or not open_required) for b in branches)]
-    hint = (f"use an OS that offers one ({', '.join(elsewhere)})" if elsewhere
+    elsewhere = [_where(*key) for key, branches in OS_BRANCHES.items()
+                 if _where(*key) != os_name
+                 and any(all(g.supports_branch(b.branch) for g in known)
+                         and (b.open_kernel_modules or not open_required) for b in branches)]
+    hint = (f"use an OS or driver source that offers one ({', '.join(elsewhere)})" if elsewhere
             else "no OS gpuprov supports offers one yet")
     return (f"the GPUs need driver branch {wanted}"
             + (" with open kernel modules" if open_required else "")

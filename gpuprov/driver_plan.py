@@ -18,10 +18,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpuprov.driver_branches import NVIDIA, source_for
 from gpuprov.node_checks import file_current, packages_missing, plain
 
 # apt: name=version, dnf: name-version.
 VERSION_SEPARATORS = {"apt": "=", "dnf": "-"}
+# NVIDIA's CUDA repositories name the architecture their own way.
+CUDA_ARCHES = {"x86_64": "x86_64", "aarch64": "sbsa"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,25 @@ class Settings:
     apt_sources_template: str | None = None  # None: the OS needs no sources file of the role's
     apt_sources_path: str = "/etc/apt/sources.list.d/gpuprov-nvidia-debian.sources"
     blacklist_path: str = "/etc/modprobe.d/blacklist-nouveau.conf"
+    # nvidia_driver_source (None: the OS's default) and, for "nvidia" on apt, NVIDIA's CUDA
+    # repository: its name for this OS (vars/<OS>.yml: debian13; None: no apt repository of
+    # NVIDIA's that the role knows), its key file, the URL settings and the packages
+    # (vars/main.yml), and the node's architecture (ansible_facts architecture).
+    source: str | None = None
+    cuda_distro: str | None = None
+    cuda_repo_key: str | None = None
+    cuda_repo_url: str = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}"
+    cuda_repo_key_url: str = "{url}/{key}"
+    cuda_packages: Mapping = field(default_factory=dict)
+    cuda_pin_package: str = "nvidia-driver-pinning-{pin}"
+    cuda_sources_template: str | None = None
+    cuda_sources_path: str = "/etc/apt/sources.list.d/gpuprov-nvidia-cuda.sources"
+    arch: str | None = None  # None: x86_64 (the facts a run gathers always have it)
+
+    @property
+    def from_cuda_apt(self) -> bool:
+        """apt packages from NVIDIA's CUDA repository (not the OS's archive)."""
+        return self.package_manager == "apt" and source_for(self.os_name, self.source) == NVIDIA
 
     @classmethod
     def from_vars(cls, values: Mapping) -> Settings:
@@ -82,6 +104,8 @@ def _driver_packages(s: Settings, branch_packages: Mapping, flavour: str) -> tup
 
 
 def plan(s: Settings) -> dict:
+    if s.from_cuda_apt:
+        return _cuda_apt_plan(s)
     branch_packages = s.packages.get(s.branch) or s.packages.get("default") or {}
     flavour = _flavour(s)
     driver, extra = _driver_packages(s, branch_packages, flavour)
@@ -91,17 +115,80 @@ def plan(s: Settings) -> dict:
     return {
         "branch": s.branch,
         "flavour": flavour,
+        "source": source_for(s.os_name, s.source),
         "driver_packages": driver,
         "extra_packages": extra,
         "install_names": names + extra,
+        "allow_downgrade": False,
+        # What the installed driver packages' versions must match (fnmatch).
+        "version_match": s.version,
         # Held (apt-mark hold / dnf versionlock) and checked after installing.
         "held_packages": driver + extra,
+        "hold": None,  # as nvidia_driver_hold says
+        "pin_package": None,
         "dnf_module_stream": f"nvidia-driver:{s.branch}-{'open' if flavour == 'open' else 'dkms'}",
+        "apt_sources_template": s.apt_sources_template,
+        "apt_sources_path": s.apt_sources_path,
+        "cuda_repo_url": None,
+        "cuda_repo_key_url": None,
         # Read with the node (checksum, mode, owner), so that each is written only where it
         # differs.
         "written_files": ([s.apt_sources_path] if s.apt_sources_template else [])
         + [s.blacklist_path],
         "problem": setting_problem(s, branch_packages, flavour),
+    }
+
+
+def _cuda_apt_plan(s: Settings) -> dict:
+    """apt from NVIDIA's CUDA repository: Debian's package names without a branch, one branch
+    (or version) kept by NVIDIA's version-lock package, installed in its own apt run before
+    the driver (its preferences file must exist when apt resolves the driver). NVIDIA advises
+    against apt-mark hold on top of it, so the role holds nothing here and releases the holds
+    a Debian-archive driver left (switching sources)."""
+    branch_packages = s.cuda_packages.get("default") or {}
+    flavour = _flavour(s)
+    driver = [str(n) for n in branch_packages.get(flavour) or []]
+    # Every driver package name the role knows on this OS (Debian's archive's, every branch
+    # and flavour, and NVIDIA's): a hold left on any of them by a Debian-archive driver stops
+    # apt's move to NVIDIA's versions ("held broken packages"), so they are released first.
+    known = {str(n) for flavours in s.packages.values() for names in flavours.values()
+             for n in names or []}
+    known |= {str(n) for names in branch_packages.values() for n in names or []}
+    known |= {str(n) for n in s.extra_packages}
+    # nvidia_driver_version as apt spells it (580.105.08-1, 580.105.08-*) or upstream's
+    # (580.105.08); the version-lock package is named by the upstream version.
+    version = s.version
+    pin = re.sub(r"^[0-9]+:", "", version).split("-")[0] if version is not None else s.branch
+    version_match = (f"{s.branch}.*" if version is None
+                     else version if "-" in version else f"{version}-*")
+    arch = CUDA_ARCHES.get(s.arch or "x86_64", s.arch)
+    url = s.cuda_repo_url.format(distro=s.cuda_distro, arch=arch).rstrip("/")
+    problem = setting_problem(s, branch_packages, flavour)
+    if problem is None and s.cuda_distro is None:
+        problem = (f"{s.host}: nvidia_driver_source is nvidia, but the nvidia_driver role has no "
+                   f"apt repository of NVIDIA's for {s.os_name} {s.os_version}: set "
+                   "nvidia_driver_source to distro for this host.")
+    return {
+        "branch": s.branch,
+        "flavour": flavour,
+        "source": NVIDIA,
+        "driver_packages": driver,
+        "extra_packages": [],
+        # The apt module installs the version that matches (and moves an installed one to it).
+        "install_names": [f"{n}={version_match}" for n in driver],
+        "allow_downgrade": True,
+        "version_match": version_match,
+        "held_packages": sorted(known),
+        "hold": False,
+        "pin_package": s.cuda_pin_package.format(pin=pin),
+        "dnf_module_stream": None,
+        "apt_sources_template": s.cuda_sources_template,
+        "apt_sources_path": s.cuda_sources_path,
+        "cuda_repo_url": url,
+        "cuda_repo_key_url": s.cuda_repo_key_url.format(url=url, key=s.cuda_repo_key,
+                                                        distro=s.cuda_distro, arch=arch),
+        "written_files": [s.cuda_sources_path, s.blacklist_path],
+        "problem": problem,
     }
 
 
@@ -142,7 +229,7 @@ def installed_version(the_plan: Mapping, packages: Mapping) -> str | None:
 
 
 def work(the_plan: Mapping, state: Mapping, *, host: str, hold: bool = True,
-         version: str | None = None, headers: tuple = (), forbidden: tuple = (),
+         headers: tuple = (), forbidden: tuple = (),
          check_mode: bool = False, apt_sources: str | None = None,
          package_manager: str | None = None) -> dict:
     """What is left to do on the node, from its read.
@@ -152,11 +239,18 @@ def work(the_plan: Mapping, state: Mapping, *, host: str, hold: bool = True,
     """
     packages = state.get("packages") or {}
     current = installed_version(the_plan, packages)
+    version = the_plan["version_match"]
+    hold = hold if the_plan.get("hold") is None else the_plan["hold"]
+    pin = [the_plan["pin_package"]] if the_plan.get("pin_package") else []
     apt_work = (list(state.get("interrupted") or [])
+                + packages_missing(pin, packages)
                 + packages_missing(the_plan["driver_packages"], packages, version)
                 + packages_missing(list(the_plan["extra_packages"]) + list(headers), packages))
     selected = {name for name, p in packages.items() if bool(p.get("held")) == bool(hold)}
-    unselected = [name for name in the_plan["held_packages"] if name not in selected]
+    # Holds are set on what is installed (after the install) and released on what is held;
+    # a package that is not installed has no selection to change.
+    unselected = [name for name in the_plan["held_packages"]
+                  if name not in selected and (hold or name in packages)]
     sources_current = apt_sources is None or file_current(
         state.get("files") or [], the_plan["written_files"][0], apt_sources)
     return {

@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "lab",
         help="a multi-node GPU lab in podman containers, with simulated GPUs",
-        description="Several Debian 12 nodes on this machine, reachable over SSH on 127.0.0.1, "
+        description="Several Debian nodes on this machine, reachable over SSH on 127.0.0.1, "
         "with simulated GPU hardware (PCI + NVML). For development, tests, demos and CI.",
     )
     parser.add_argument(
@@ -28,9 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     up = sub.add_parser("up", help="build the node image if needed and start the lab")
     up.add_argument(
-        "--nodes", metavar="PROFILE,...",
-        help="node profiles, optionally NAME=PROFILE (default: gpu-kepler,gpu-pascal,"
-        "gpu-hopper,cpu-only)",
+        "--nodes", metavar="[NAME=]PROFILE[@OS],...",
+        help="node profiles, each optionally named and on another OS than its profile's, e.g. "
+        "gpu-pascal@debian-13 (default: gpu-kepler,gpu-pascal,gpu-hopper,cpu-only; OS: "
+        "debian-12 or debian-13)",
     )
     up.set_defaults(func=_up)
 
@@ -63,8 +64,8 @@ def _up(args: argparse.Namespace) -> int:
     lab = _lab(args)
     state = lab.up(specs)
     print(render_table(
-        ["NODE", "PROFILE", "SSH"],
-        [(n.name, n.profile, f"127.0.0.1:{n.ssh_port}") for n in state.nodes],
+        ["NODE", "PROFILE", "OS", "SSH"],
+        [(n.name, n.profile, n.os, f"127.0.0.1:{n.ssh_port}") for n in state.nodes],
     ))
     print(f"lab up in {time.monotonic() - started:.1f} s; inventory: {lab.inventory_path}",
           file=sys.stderr)
@@ -85,8 +86,8 @@ def _status(args: argparse.Namespace) -> int:
         print(f"no lab in {doc['lab_dir']}")
     else:
         print(render_table(
-            ["NODE", "PROFILE", "STATE", "SSH", "GPUS", "FAULTS"],
-            [(n["name"], n["profile"], n["state"], n["ssh"], n["gpus"],
+            ["NODE", "PROFILE", "OS", "STATE", "SSH", "GPUS", "FAULTS"],
+            [(n["name"], n["profile"], n["os"], n["state"], n["ssh"], n["gpus"],
               ",".join(n["faults"]) or None) for n in doc["nodes"]],
         ))
     return ExitCode.OK

@@ -1,11 +1,17 @@
-"""Build (once, cached) the lab's Debian 12 node image and its pod image.
+"""Build (once, cached) the lab's node images, one per node OS, and its pod image.
 
 Each is tagged with a hash of its inputs so that a change rebuilds only what it affects and an
 unchanged tree reuses podman's storage as the cache:
-- base: `debootstrap --variant=minbase bookworm` from Debian's own archive, imported;
-- node: image/Containerfile on top (systemd, sshd, python3, simulation hooks);
-- pod: image/pod/Containerfile from the base (sh, sleep, python3; pruned): what the lab's pods
-  run in the nodes' containerd, saved once as an archive the nodes import.
+- base: `debootstrap --variant=minbase SUITE` from Debian's own archive, imported (per OS);
+- node: image/Containerfile on top (systemd, sshd, python3, containerd, simulation hooks);
+- pod: image/pod/Containerfile from the Debian 12 base (sh, sleep, python3; pruned): what the
+  lab's pods run in the nodes' containerd, saved once as an archive the nodes import.
+
+NODE_OSES is the one list of node operating systems the lab can build. Each is a Debian
+release as admins install it, with that release's containerd, except where the lab takes a
+newer containerd from Debian unstable (`containerd_from`): Debian 13 nodes run containerd 2.x,
+as current Kubernetes distributions do, and no Debian release ships 2.x yet. That is a
+lab-only choice made in the image (the Containerfile says how); the roles never pin suites.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpuprov.errors import GpuprovError
@@ -24,9 +31,32 @@ from gpuprov.lab import podman
 log = logging.getLogger(__name__)
 
 IMAGE_DIR = Path(__file__).parent / "image"
-SUITE = "bookworm"
 MIRROR = os.environ.get("GPUPROV_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-DEBOOTSTRAP_ARGS = ("--variant=minbase", SUITE)
+
+
+@dataclass(frozen=True)
+class NodeOs:
+    name: str  # os-release ID-VERSION_ID, as `gpuprov hw` and the lab's profiles spell it
+    suite: str  # the Debian release debootstrap installs
+    containerd_from: str = ""  # another suite the image takes containerd from ("" = its own)
+
+    @property
+    def debootstrap_args(self) -> tuple[str, ...]:
+        return ("--variant=minbase", self.suite)
+
+    @property
+    def build_args(self) -> dict[str, str]:
+        return {"CONTAINERD_FROM": self.containerd_from}
+
+
+NODE_OSES: dict[str, NodeOs] = {
+    o.name: o
+    for o in (
+        NodeOs("debian-12", "bookworm"),  # containerd 1.6.20
+        NodeOs("debian-13", "trixie", containerd_from="unstable"),  # containerd 2.1.x
+    )
+}
+DEFAULT_OS = "debian-12"
 NODE_REPO = "localhost/gpuprov-node"
 BASE_REPO = "localhost/gpuprov-base"
 POD_REPO = "localhost/gpuprov-pod"
@@ -41,14 +71,24 @@ def _digest(*parts: bytes) -> str:
     return h.hexdigest()[:12]
 
 
-def base_ref() -> str:
-    return f"{BASE_REPO}:{_digest(*(a.encode() for a in DEBOOTSTRAP_ARGS), MIRROR.encode())}"
+def node_os(name: str) -> NodeOs:
+    try:
+        return NODE_OSES[name]
+    except KeyError:
+        raise GpuprovError(f"the lab cannot build node OS {name!r}; it builds: "
+                           f"{', '.join(NODE_OSES)}") from None
 
 
-def node_ref() -> str:
+def base_ref(os_name: str = DEFAULT_OS) -> str:
+    args = node_os(os_name).debootstrap_args
+    return f"{BASE_REPO}:{_digest(*(a.encode() for a in args), MIRROR.encode())}"
+
+
+def node_ref(os_name: str = DEFAULT_OS) -> str:
     files = sorted(p for p in IMAGE_DIR.iterdir() if p.is_file() and p.name != "containers.conf")
     inputs = (p.name.encode() + p.read_bytes() for p in files)
-    return f"{NODE_REPO}:{_digest(base_ref().encode(), *inputs)}"
+    build_args = (f"{k}={v}".encode() for k, v in sorted(node_os(os_name).build_args.items()))
+    return f"{NODE_REPO}:{_digest(base_ref(os_name).encode(), *build_args, *inputs)}"
 
 
 def pod_ref() -> str:
@@ -56,14 +96,16 @@ def pod_ref() -> str:
     return f"{POD_REPO}:{_digest(base_ref().encode(), containerfile.read_bytes())}"
 
 
-def _build_base(ref: str) -> None:
+def _build_base(ref: str, os_name: str) -> None:
     if shutil.which("debootstrap") is None:
         raise GpuprovError("debootstrap is not installed: run `make deps`")
-    log.warning("building the lab base image %s with debootstrap (about 30 s, once)", ref)
+    args = node_os(os_name).debootstrap_args
+    log.warning("building the lab's %s base image %s with debootstrap (about 30 s, once)",
+                os_name, ref)
     with tempfile.TemporaryDirectory(prefix="gpuprov-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         proc = subprocess.run(
-            ["debootstrap", *DEBOOTSTRAP_ARGS, str(rootfs), MIRROR],
+            ["debootstrap", *args, str(rootfs), MIRROR],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False,
         )
         if proc.returncode != 0:
@@ -76,10 +118,10 @@ def _build_base(ref: str) -> None:
             tar.wait()
 
 
-def _ensure_base() -> str:
-    base = base_ref()
+def _ensure_base(os_name: str = DEFAULT_OS) -> str:
+    base = base_ref(os_name)
     if not podman.image_exists(base):
-        _build_base(base)
+        _build_base(base, os_name)
     return base
 
 
@@ -102,15 +144,16 @@ def ensure_pod_archive(cache_dir: Path) -> tuple[str, Path]:
     return ref, archive
 
 
-def ensure_node_image() -> str:
-    """Return the node image reference, building what is missing."""
-    base = _ensure_base()
-    ref = node_ref()
+def ensure_node_image(os_name: str = DEFAULT_OS) -> str:
+    """Return the reference of the node image for os_name, building what is missing."""
+    base = _ensure_base(os_name)
+    ref = node_ref(os_name)
     if not podman.image_exists(ref):
-        log.warning("building the lab node image %s (about 30 s, once)", ref)
+        log.warning("building the lab's %s node image %s (about 60 s, once)", os_name, ref)
+        build_args = [f"--build-arg={k}={v}" for k, v in node_os(os_name).build_args.items()]
         podman.podman(
-            "build", "--network", "host", "--build-arg", f"BASE={base}",
-            "-t", ref, "-t", f"{NODE_REPO}:latest", "-f", str(IMAGE_DIR / "Containerfile"),
+            "build", "--network", "host", "--build-arg", f"BASE={base}", *build_args,
+            "-t", ref, "-t", f"{NODE_REPO}:{os_name}", "-f", str(IMAGE_DIR / "Containerfile"),
             str(IMAGE_DIR), timeout=900,
         )
     return ref

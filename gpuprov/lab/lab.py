@@ -1,4 +1,8 @@
-"""The lab: several Debian 12 nodes on one machine, with simulated GPUs, reachable over SSH.
+"""The lab: several Debian nodes on one machine, with simulated GPUs, reachable over SSH.
+
+Each node runs the Debian release its profile names (profiles.NodeProfile.os, or `P@OS` in
+`lab up --nodes`): the default lab mixes Debian 12 (containerd 1.6, Debian's drivers) and
+Debian 13 (containerd 2.x, R580 from the lab's mirror of NVIDIA's CUDA repository).
 
 Each node is a podman container with systemd as PID 1 and sshd published on
 127.0.0.1:<port> (test traffic never goes to container bridge addresses). A node's
@@ -16,6 +20,8 @@ Lab directory layout (default ./.lab, git-ignored):
     kube/                        the emulated Kubernetes API: pid, URL, log, fault switches
     pkgrepo/                     the simulated NVIDIA container toolkit's signed apt repository
                                  (pkgrepo.py), mounted read-only in every node; kept by `lab down`
+    cudarepo/                    the simulated mirror of NVIDIA's CUDA repository (driver
+                                 packages for debian12 and debian13: cudarepo.py), the same way
     apt-archives/<node>/         not removed by `lab down`: downloaded .debs survive rebuilds
 
 Next to the inventory, `lab up` writes inventory/lab/kubeconfig for the emulated API
@@ -38,8 +44,8 @@ from pathlib import Path
 import yaml
 
 from gpuprov.errors import GpuprovError
+from gpuprov.lab import cudarepo, image, pkgrepo, podman, profiles, simhw
 from gpuprov.lab import faults as lab_faults
-from gpuprov.lab import image, pkgrepo, podman, profiles, simhw
 from gpuprov.lab.kube import app as kube
 from gpuprov.lab.kube import faults as kube_faults
 
@@ -70,6 +76,20 @@ LAB_OVERRIDES: dict[str, object] = {
     # sets for its mirror. apt verifies it against this key as it would NVIDIA's.
     "nvidia_container_toolkit_repo_url": pkgrepo.REPO_URL,
     "nvidia_container_toolkit_repo_key_url": pkgrepo.KEY_URL,
+    # Likewise the driver of nodes with nvidia_driver_source: nvidia: the lab's signed mirror of
+    # NVIDIA's CUDA repository (cudarepo.py), with NVIDIA's layout, so the role's own {distro},
+    # {arch} and {key} fill in the same paths as on developer.download.nvidia.com.
+    "nvidia_driver_cuda_repo_url": cudarepo.REPO_URL,
+    "nvidia_driver_cuda_repo_key_url": f"file://{cudarepo.NODE_PATH}/{{distro}}/{{arch}}/{{key}}",
+}
+
+# The lab admin's driver choice per node OS, written as host variables: Debian 12 nodes keep
+# Debian's own drivers (470 for Kepler, 535); Debian 13 nodes take R580, NVIDIA's long-term
+# branch (to 2028), from NVIDIA's repository (the lab's mirror, cudarepo.py): Debian 13's
+# archive has 550, and unpinned, NVIDIA's repository would give its newest branch.
+LAB_DRIVER_SETTINGS: dict[str, dict[str, str]] = {
+    "debian-12": {"nvidia_driver_source": "distro"},
+    "debian-13": {"nvidia_driver_source": "nvidia", "nvidia_driver_branch": "580"},
 }
 
 
@@ -79,6 +99,8 @@ class Node:
     profile: str
     container: str
     ssh_port: int = 0
+    os: str = image.DEFAULT_OS
+    image: str = ""
 
     @property
     def has_gpu(self) -> bool:
@@ -88,7 +110,6 @@ class Node:
 @dataclass
 class LabState:
     lab_id: str
-    image: str
     nodes: list[Node] = field(default_factory=list)
     pod_image: str = ""  # what the lab's pods run (the nodes' containerd has it)
 
@@ -145,7 +166,7 @@ class Lab:
         if not path.exists():
             return None
         raw = json.loads(path.read_text())
-        return LabState(raw["lab_id"], raw["image"], [Node(**n) for n in raw["nodes"]],
+        return LabState(raw["lab_id"], [Node(**n) for n in raw["nodes"]],
                         raw.get("pod_image", ""))
 
     def require(self) -> LabState:
@@ -165,34 +186,37 @@ class Lab:
         existing = self.load()
         wanted = plan_nodes(node_specs or profiles.DEFAULT_LAB)
         if existing is not None:
-            have = [(n.name, n.profile) for n in existing.nodes]
+            have = [(n.name, n.profile, n.os) for n in existing.nodes]
             if node_specs and have != wanted:
                 raise GpuprovError(
                     "a lab with other nodes is already up ("
-                    + ", ".join(n for n, _ in have)
+                    + ", ".join(n for n, _, _ in have)
                     + "): run `gpuprov lab down` first"
                 )
             wanted = have
-        ref = image.ensure_node_image()
+        refs = {os_name: image.ensure_node_image(os_name)
+                for os_name in dict.fromkeys(o for _, _, o in wanted)}
         pod_ref, pod_archive = image.ensure_pod_archive(self.project_dir / POD_IMAGE_CACHE)
         self._ensure_ssh_key()
         library = simhw.build_nvml_library(self.dir / "nvml")
         repo = pkgrepo.build_repo(self.dir / "pkgrepo")
+        cuda = cudarepo.build_repo(self.dir / "cudarepo")
         state = LabState(
             self.lab_id,
-            ref,
-            [Node(name, prof, f"gpuprov-{self.lab_id}-{name}") for name, prof in wanted],
+            [Node(name, prof, f"gpuprov-{self.lab_id}-{name}", os=os_name, image=refs[os_name])
+             for name, prof, os_name in wanted],
             pod_ref,
         )
         self._save(state)  # before starting anything: `lab down` can clean a half-made lab
         shared = {
             # SIMULATION: the local package repository standing in for NVIDIA's (no network).
             repo.root: pkgrepo.NODE_PATH,
+            cuda.root: cudarepo.NODE_PATH,
             # SIMULATION: no registry; each node's containerd imports this (gpuprov-sim-images).
             pod_archive: POD_IMAGE_NODE_PATH,
         }
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(state.nodes)) as pool:
-            ports = list(pool.map(lambda n: self._start_node(n, ref, shared, library),
+            ports = list(pool.map(lambda n: self._start_node(n, shared, library),
                                   state.nodes))
         for node, port in zip(state.nodes, ports, strict=True):
             node.ssh_port = port
@@ -213,16 +237,16 @@ class Lab:
             self.key_path.parent.mkdir(parents=True, exist_ok=True)
             _ssh_keygen(self.key_path, "gpuprov-lab-admin")
 
-    def _start_node(self, node: Node, ref: str, shared: dict[Path, str], library: Path) -> int:
+    def _start_node(self, node: Node, shared: dict[Path, str], library: Path) -> int:
         status = _container_status(node.container)
         if status is None:
-            self._create_node(node, ref, shared, library)
+            self._create_node(node, shared, library)
         elif status != "running":
             podman.podman("start", node.container)
         port = podman.output("port", node.container, "22/tcp")
         return int(port.rsplit(":", 1)[1])
 
-    def _create_node(self, node: Node, ref: str, shared: dict[Path, str], library: Path) -> None:
+    def _create_node(self, node: Node, shared: dict[Path, str], library: Path) -> None:
         ndir = self.node_dir(node.name)
         if ndir.exists():
             shutil.rmtree(ndir)
@@ -260,7 +284,7 @@ class Lab:
         # containerd's root on the host's filesystem: its overlayfs snapshotter cannot mount
         # layers on top of the node container's own overlay root.
         args += ["--volume", f"{containerd_root}:/var/lib/containerd"]
-        podman.podman(*args, ref, "/sbin/init")
+        podman.podman(*args, node.image, "/sbin/init")
 
     def _write_known_hosts(self, state: LabState) -> None:
         lines = []
@@ -294,10 +318,12 @@ class Lab:
         )
 
     def _write_inventory(self, state: LabState) -> None:
+        def host_vars(node: Node) -> dict:
+            driver = LAB_DRIVER_SETTINGS.get(node.os, {}) if node.has_gpu else {}
+            return {"ansible_port": node.ssh_port, **driver}
+
         def hosts(gpu: bool) -> dict:
-            return {
-                n.name: {"ansible_port": n.ssh_port} for n in state.nodes if n.has_gpu is gpu
-            }
+            return {n.name: host_vars(n) for n in state.nodes if n.has_gpu is gpu}
 
         doc = {
             "all": {
@@ -361,7 +387,6 @@ class Lab:
         return {
             "lab_dir": str(self.dir),
             "up": True,
-            "image": state.image,
             "inventory": str(self.inventory_path),
             "kubernetes": {"url": kube.url(self.kube_dir),
                            "kubeconfig": str(self.kubeconfig_path)},
@@ -373,6 +398,8 @@ class Lab:
         return {
             "name": node.name,
             "profile": node.profile,
+            "os": node.os,
+            "image": node.image,
             "container": node.container,
             "state": _container_status(node.container) or "missing",
             "ssh": f"127.0.0.1:{node.ssh_port}",
@@ -401,23 +428,28 @@ class Lab:
         return self.status_of(node)["faults"]
 
 
-def plan_nodes(specs: list[str]) -> list[tuple[str, str]]:
-    """`gpu-pascal` or `name=gpu-pascal` -> (node name, profile); repeats get -2, -3 ..."""
-    plan: list[tuple[str, str]] = []
+def plan_nodes(specs: list[str]) -> list[tuple[str, str, str]]:
+    """`[NAME=]PROFILE[@OS]` -> (node name, profile, OS); repeats get -2, -3 ...
+
+    OS defaults to the profile's own (`gpu-pascal@debian-13`: the same hardware on Debian 13).
+    """
+    plan: list[tuple[str, str, str]] = []
     seen: dict[str, int] = {}
     for spec in specs:
         name, _, prof = spec.strip().partition("=")
         if not prof:
             name, prof = "", name
+        prof, _, os_name = prof.partition("@")
         if prof not in profiles.NODE_PROFILES:
             known = ", ".join(sorted(profiles.NODE_PROFILES))
             raise GpuprovError(f"unknown lab node profile {prof!r}; known profiles: {known}")
+        os_name = image.node_os(os_name or profiles.NODE_PROFILES[prof].os).name
         if not name:
             seen[prof] = seen.get(prof, 0) + 1
             name = prof if seen[prof] == 1 else f"{prof}-{seen[prof]}"
-        if any(name == n for n, _ in plan):
+        if any(name == n for n, _, _ in plan):
             raise GpuprovError(f"lab node name {name!r} given twice in --nodes")
-        plan.append((name, prof))
+        plan.append((name, prof, os_name))
     if not plan:
         raise GpuprovError("--nodes is empty: give at least one profile, e.g. --nodes gpu-pascal")
     return plan

@@ -24,6 +24,9 @@ libnvidia-container1 (empty: a README instead of the library), libnvidia-contain
 (nvidia-container-cli) and nvidia-container-toolkit (nvidia-container-runtime-hook; depends
 on the base and the tools, like NVIDIA's). Their programs are the stand-ins in
 toolkit/; SIMULATION.md says what they do and do not do.
+
+The generic parts (signing key, .deb from control fields and files, signed flat index, the
+in-place replace of the repository directory) are shared with gpuprov/lab/cudarepo.py.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from email.utils import formatdate
 from pathlib import Path
@@ -105,39 +110,126 @@ class Repo:
     fingerprint: str
 
 
-def _run(*args: str, env: dict | None = None, cwd: Path | None = None) -> str:
+# The generic machinery below (key, .deb, signed flat index, in-place publish) is shared with
+# the lab's CUDA driver repository, gpuprov/lab/cudarepo.py.
+
+
+def run(*args: str, env: dict | None = None, cwd: Path | None = None) -> str:
     proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=cwd, check=False)
     if proc.returncode != 0:
         last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
-        raise GpuprovError(f"building the lab package repository: {args[0]} failed: {last}")
+        raise GpuprovError(f"building a lab package repository: {args[0]} failed: {last}")
     return proc.stdout
 
 
-def _need(*tools: str) -> None:
+def need(*tools: str) -> None:
     missing = [t for t in tools if shutil.which(t) is None]
     if missing:
         raise GpuprovError(
-            f"the lab's package repository needs {', '.join(missing)}: run "
+            f"the lab's package repositories need {', '.join(missing)}: run "
             "scripts/install-system-deps.sh (Debian: dpkg-dev, gnupg)"
         )
 
 
-def _gpg_env(home: Path) -> dict:
+def gpg_env(home: Path) -> dict:
     return {**os.environ, "GNUPGHOME": str(home), "LC_ALL": "C"}
 
 
-def _ensure_key(home: Path) -> str:
-    """The lab's signing key (generated once per lab directory): its fingerprint."""
-    env = _gpg_env(home)
+def ensure_key(home: Path, uid: str = KEY_UID) -> str:
+    """A lab signing key (generated once per key directory): its fingerprint."""
+    env = gpg_env(home)
     if not home.exists():
         home.mkdir(parents=True, mode=0o700)
-        _run("gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", "",
-             "--quick-generate-key", KEY_UID, "ed25519", "sign", "never", env=env)
-    out = _run("gpg", "--batch", "--with-colons", "--list-secret-keys", KEY_UID, env=env)
+        run("gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", "",
+            "--quick-generate-key", uid, "ed25519", "sign", "never", env=env)
+    out = run("gpg", "--batch", "--with-colons", "--list-secret-keys", uid, env=env)
     fingerprints = [line.split(":")[9] for line in out.splitlines() if line.startswith("fpr:")]
     if not fingerprints:
         raise GpuprovError(f"no signing key in {home}: remove that directory and retry")
     return fingerprints[0]
+
+
+def export_key(home: Path, fingerprint: str) -> str:
+    """The public key, ASCII-armoured."""
+    return run("gpg", "--batch", "--armor", "--export", fingerprint, env=gpg_env(home))
+
+
+def build_deb(fields: dict[str, str], files: dict[str, tuple[str, int]], out_dir: Path,
+              work: Path, conffiles: tuple[str, ...] = ()) -> Path:
+    """out_dir/<Package>_<Version>_<Architecture>.deb from control fields (empty ones left
+    out; Installed-Size added) and files: path in the package -> (text, mode)."""
+    name, version, arch = fields["Package"], fields["Version"], fields["Architecture"]
+    root = work / f"{name}_{version}"
+    for dest, (text, mode) in files.items():
+        target = root / dest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        target.chmod(mode)
+    control = root / "DEBIAN"
+    control.mkdir(parents=True)
+    size_kib = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) // 1024 + 1
+    fields = {**fields, "Installed-Size": str(size_kib)}
+    (control / "control").write_text("".join(f"{k}: {v}\n" for k, v in fields.items() if v))
+    if conffiles:
+        (control / "conffiles").write_text("".join(f"{p}\n" for p in conffiles))
+    for path in [root, *root.rglob("*")]:
+        os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
+    env = {**os.environ, "SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
+    deb = out_dir / f"{name}_{version}_{arch}.deb"
+    run("dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root), str(deb), env=env)
+    return deb
+
+
+def _release(arch_dir: Path, header: list[str]) -> str:
+    """A flat repository's Release file: header fields, then hashes of its indexes."""
+    lines = [*header, f"Date: {formatdate(time.time(), usegmt=True)}"]
+    for field, algo in (("MD5Sum", "md5"), ("SHA256", "sha256")):
+        lines.append(f"{field}:")
+        for name in ("Packages", "Packages.gz"):
+            data = (arch_dir / name).read_bytes()
+            lines.append(f" {hashlib.new(algo, data).hexdigest()} {len(data):>8} {name}")
+    return "\n".join(lines) + "\n"
+
+
+def write_signed_index(arch_dir: Path, header: list[str], home: Path, fingerprint: str) -> None:
+    """Packages, Packages.gz, Release (header fields first), InRelease and Release.gpg of the
+    flat repository of the .debs in arch_dir."""
+    # Filename: paths relative to the repository URL, as in a flat repository.
+    packages = run("dpkg-scanpackages", "--multiversion", ".", "/dev/null", cwd=arch_dir)
+    packages = packages.replace("Filename: ./", "Filename: ")
+    (arch_dir / "Packages").write_text(packages)
+    with gzip.GzipFile(arch_dir / "Packages.gz", "wb", mtime=0) as gz:
+        gz.write(packages.encode())
+    (arch_dir / "Release").write_text(_release(arch_dir, header))
+    env = gpg_env(home)
+    sign = ("gpg", "--batch", "--yes", "--pinentry-mode", "loopback", "--passphrase", "",
+            "--local-user", fingerprint, "--digest-algo", "SHA256")
+    run(*sign, "--clearsign", "--output", str(arch_dir / "InRelease"),
+        str(arch_dir / "Release"), env=env)
+    run(*sign, "--armor", "--detach-sign", "--output", str(arch_dir / "Release.gpg"),
+        str(arch_dir / "Release"), env=env)
+
+
+@contextmanager
+def staged(out_dir: Path, root: Path, home: Path) -> Iterator[Path]:
+    """A staging directory under out_dir; what it holds when the block ends replaces the
+    contents of root. Nothing is replaced if the block fails."""
+    staging = Path(tempfile.mkdtemp(prefix=".repo-", dir=out_dir))
+    try:
+        yield staging
+        for path in [staging, *staging.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        # Replaced in place, not renamed: running nodes have this very directory mounted.
+        root.mkdir(exist_ok=True)
+        root.chmod(0o755)
+        for child in root.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        for child in staging.iterdir():
+            shutil.move(str(child), str(root / child.name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=gpg_env(home),
+                       capture_output=True, check=False)
 
 
 def _inputs_digest(fingerprint: str) -> str:
@@ -150,25 +242,17 @@ def _inputs_digest(fingerprint: str) -> str:
 
 
 def _build_deb(name: str, version: str, out_dir: Path, work: Path) -> None:
-    files, depends, description = PACKAGES[name]
-    root = work / f"{name}_{version}"
-    for source, (dest, mode) in files.items():
+    sources, depends, description = PACKAGES[name]
+    files = {}
+    for source, (dest, mode) in sources.items():
         text = (TOOLKIT_DIR / source).read_text()
         text = text.replace("@VERSION_CLI@", version.split("-")[0])
-        text = text.replace("@VERSION@", version.split("-")[0])
-        target = root / dest
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
-        target.chmod(mode)
-    control = root / "DEBIAN"
-    control.mkdir()
-    size_kib = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) // 1024 + 1
+        files[dest] = (text.replace("@VERSION@", version.split("-")[0]), mode)
     fields = {
         "Package": name,
         "Version": version,
         "Architecture": ARCH,
         "Maintainer": "gpuprov lab <lab-repo@gpuprov.invalid>",
-        "Installed-Size": str(size_kib),
         "Depends": depends.format(version=version),
         "Section": "utils",
         "Priority": "optional",
@@ -176,41 +260,15 @@ def _build_deb(name: str, version: str, out_dir: Path, work: Path) -> None:
         "Description": f"{description}\n SIMULATION: small scripts standing in for NVIDIA's "
         "programs, built by\n gpuprov/lab/pkgrepo.py; see gpuprov/lab/SIMULATION.md.",
     }
-    (control / "control").write_text(
-        "".join(f"{k}: {v}\n" for k, v in fields.items() if v)
-    )
-    if name in CONFFILES:
-        (control / "conffiles").write_text("".join(f"{p}\n" for p in CONFFILES[name]))
-    for path in [root, *root.rglob("*")]:
-        os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
-    env = {**os.environ, "SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
-    _run("dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root),
-         str(out_dir / f"{name}_{version}_{ARCH}.deb"), env=env)
-
-
-def _release(arch_dir: Path) -> str:
-    """A flat repository's Release file: hashes of its indexes."""
-    indexes = ["Packages", "Packages.gz"]
-    lines = [
-        "Origin: gpuprov-lab",
-        "Label: gpuprov lab NVIDIA container toolkit (SIMULATION)",
-        f"Architectures: {ARCH}",
-        f"Date: {formatdate(time.time(), usegmt=True)}",
-    ]
-    for field, algo in (("MD5Sum", "md5"), ("SHA256", "sha256")):
-        lines.append(f"{field}:")
-        for name in indexes:
-            data = (arch_dir / name).read_bytes()
-            lines.append(f" {hashlib.new(algo, data).hexdigest()} {len(data):>8} {name}")
-    return "\n".join(lines) + "\n"
+    build_deb(fields, files, out_dir, work, tuple(CONFFILES.get(name, ())))
 
 
 def build_repo(out_dir: Path) -> Repo:
     """The signed repository under out_dir/repo; rebuilt only when its inputs changed."""
-    _need("dpkg-deb", "dpkg-scanpackages", "gpg")
+    need("dpkg-deb", "dpkg-scanpackages", "gpg")
     out_dir = out_dir.resolve()
     home = out_dir / "gnupg"
-    fingerprint = _ensure_key(home)
+    fingerprint = ensure_key(home)
     root = out_dir / "repo"
     stamp = root / ".inputs"
     digest = _inputs_digest(fingerprint)
@@ -218,45 +276,19 @@ def build_repo(out_dir: Path) -> Repo:
     if stamp.exists() and stamp.read_text().strip() == digest:
         return repo
     log.warning("building the lab's simulated NVIDIA container toolkit repository in %s", root)
-    staging = Path(tempfile.mkdtemp(prefix=".repo-", dir=out_dir))
-    try:
+    with staged(out_dir, root, home) as staging:
         arch_dir = staging / "stable" / "deb" / ARCH
         arch_dir.mkdir(parents=True)
         with tempfile.TemporaryDirectory(prefix="pkg-", dir=out_dir) as work:
             for version in TOOLKIT_VERSIONS:
                 for name in PACKAGES:
                     _build_deb(name, version, arch_dir, Path(work))
-        # Filename: paths relative to the repository URL, as in a flat repository.
-        packages = _run("dpkg-scanpackages", "--multiversion", ".", "/dev/null", cwd=arch_dir)
-        packages = packages.replace("Filename: ./", "Filename: ")
-        (arch_dir / "Packages").write_text(packages)
-        with gzip.GzipFile(arch_dir / "Packages.gz", "wb", mtime=0) as gz:
-            gz.write(packages.encode())
-        (arch_dir / "Release").write_text(_release(arch_dir))
-        env = _gpg_env(home)
-        sign = ("gpg", "--batch", "--yes", "--pinentry-mode", "loopback", "--passphrase", "",
-                "--local-user", fingerprint, "--digest-algo", "SHA256")
-        _run(*sign, "--clearsign", "--output", str(arch_dir / "InRelease"),
-             str(arch_dir / "Release"), env=env)
-        _run(*sign, "--armor", "--detach-sign", "--output", str(arch_dir / "Release.gpg"),
-             str(arch_dir / "Release"), env=env)
-        (staging / "gpgkey").write_text(
-            _run("gpg", "--batch", "--armor", "--export", fingerprint, env=env)
-        )
+        header = ["Origin: gpuprov-lab",
+                  "Label: gpuprov lab NVIDIA container toolkit (SIMULATION)",
+                  f"Architectures: {ARCH}"]
+        write_signed_index(arch_dir, header, home, fingerprint)
+        (staging / "gpgkey").write_text(export_key(home, fingerprint))
         (staging / ".inputs").write_text(digest + "\n")
-        for path in [staging, *staging.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        # Replaced in place, not renamed: running nodes have this very directory mounted.
-        root.mkdir(exist_ok=True)
-        root.chmod(0o755)
-        for child in root.iterdir():
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
-        for child in staging.iterdir():
-            shutil.move(str(child), str(root / child.name))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=_gpg_env(home),
-                       capture_output=True, check=False)
     return repo
 
 

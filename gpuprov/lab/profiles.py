@@ -218,9 +218,14 @@ MODELS: dict[str, GpuModel] = {
 
 @dataclass(frozen=True)
 class NodeProfile:
+    """A lab node as an admin would get it: hardware, OS, and the admin's driver choice."""
+
     name: str
     gpus: tuple[str, ...]  # GpuModel keys, in PCI order
     driver_version: str | None  # what NVML reports until a real driver package is installed
+    # A key of gpuprov.lab.image.NODE_OSES (`lab up --nodes P@OS` overrides it); the lab's
+    # driver settings follow the OS (lab.LAB_DRIVER_SETTINGS).
+    os: str = "debian-12"
 
     @property
     def models(self) -> tuple[GpuModel, ...]:
@@ -233,7 +238,9 @@ NODE_PROFILES: dict[str, NodeProfile] = {
         # A K80 board carries two GK210 GPUs: NVML (and the device plugin) see two GPUs.
         NodeProfile("gpu-kepler", ("tesla-k80",) * 2, "470.256.02"),
         NodeProfile("gpu-pascal", ("tesla-p100-pcie-16gb",) * 4, "535.261.03"),
-        NodeProfile("gpu-hopper", ("h100-sxm5-80gb",) * 8, "535.261.03"),
+        # Debian 13 with containerd 2.x; its driver: R580 from NVIDIA's repository (lab.py).
+        # NVML reports Debian 13's own 550 until a driver package is installed.
+        NodeProfile("gpu-hopper", ("h100-sxm5-80gb",) * 8, "550.163.01", os="debian-13"),
         NodeProfile("cpu-only", (), None),
     )
 }

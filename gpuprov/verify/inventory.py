@@ -23,6 +23,7 @@ GPU_GROUP = "gpu_nodes"
 CLUSTER_GROUP = "k8s_cluster"
 # The variables verify reads besides the connection ones, and who defines them.
 BRANCH_VAR = "nvidia_driver_branch"  # nvidia_driver role; gpu_preflight honours the pin
+SOURCE_VAR = "nvidia_driver_source"  # nvidia_driver role: distro or nvidia (branch choice)
 KUBECONFIG_VAR = "k8s_kubeconfig"  # the lab inventory and the roles that call the API
 SERIES_KEY_VAR = "gpu_node_labels_series_key"  # gpu_node_labels role
 NODE_NAME_VAR = "gpu_node_labels_node_name"  # gpu_node_labels role: the Kubernetes node name
@@ -34,8 +35,8 @@ _VARS = (
     "ansible_ssh_user", "ansible_ssh_private_key_file", "ansible_private_key_file",
     "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_connection",
     "ansible_host_key_checking", "ansible_ssh_host_key_checking", "ansible_become",
-    "ansible_become_user", BRANCH_VAR, KUBECONFIG_VAR, SERIES_KEY_VAR, NODE_NAME_VAR,
-    SMOKE_IMAGE_VAR,
+    "ansible_become_user", BRANCH_VAR, SOURCE_VAR, KUBECONFIG_VAR, SERIES_KEY_VAR,
+    NODE_NAME_VAR, SMOKE_IMAGE_VAR,
 )
 
 
@@ -45,6 +46,7 @@ class Node:
     target: SshTarget | None  # None: ansible_connection=local, the probe runs in-process
     gpu_expected: bool  # in gpu_nodes: a node without GPUs on PCI is a failure
     driver_branch_pin: str | None = None
+    driver_source: str | None = None  # None: the OS's default (driver_branches.DEFAULT_SOURCE)
     become: bool = False
     kubeconfig: str | None = None
     series_key: str = DEFAULT_SERIES_KEY
@@ -100,6 +102,7 @@ def node_from_vars(name: str, groups: set[str], hostvars: dict[str, Any],
     common = {
         "gpu_expected": GPU_GROUP in groups,
         "driver_branch_pin": _text(hostvars.get(BRANCH_VAR)),
+        "driver_source": _text(hostvars.get(SOURCE_VAR)),
         "become": bool(_truth(hostvars.get("ansible_become"))),
         "kubeconfig": _text(hostvars.get(KUBECONFIG_VAR)),
         "series_key": _text(hostvars.get(SERIES_KEY_VAR)) or DEFAULT_SERIES_KEY,

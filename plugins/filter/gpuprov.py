@@ -9,7 +9,7 @@ controller, like every filter; nothing here is shipped to nodes.
         -> [{"pci_id", "name", "architecture", "compute_capability", "status", ...}, ...]
     probe_report.pci | gpuprov_probe_gpus
         -> [{"address", "pci_id", "class", ..., "name", "architecture", ...}, ...]
-    pci_ids | gpuprov_choose_branch(os_id, os_version, nvidia_driver_branch)
+    pci_ids | gpuprov_choose_branch(os_id, os_version, nvidia_driver_branch, nvidia_driver_source)
         -> {"ok": bool, "branch": 535 | None, "reason": str, "notes": [str],
             "open_kernel_modules": bool, "open_kernel_modules_required": bool, ...}
     ansible_python_interpreter | gpuprov_node_python(discovered)   -> the node's python3
@@ -104,16 +104,18 @@ def gpuprov_probe_gpus(pci: Any) -> list[dict]:
 
 
 def gpuprov_choose_branch(
-    pci_ids: Any, os_id: str, os_version: str, pinned_branch: Any = None
+    pci_ids: Any, os_id: str, os_version: str, pinned_branch: Any = None, source: Any = None
 ) -> dict:
-    """The driver branch for a node with these GPUs on this OS (see gpuprov.driver_branches)."""
+    """The driver branch for a node with these GPUs on this OS, from the driver source
+    (nvidia_driver_source; None: the OS's default) (see gpuprov.driver_branches)."""
     _, driver_branches = _gpuprov()
     ids = [str(i) for i in _items(pci_ids, "gpuprov_choose_branch")]
     # Inventory values arrive as Ansible's own str/int subclasses; gpuprov wants plain ones.
     pinned = pinned_branch if pinned_branch is None else str(pinned_branch)
     try:
         choice = driver_branches.choose_branch(
-            ids, str(os_id), str(os_version), pinned_branch=pinned
+            ids, str(os_id), str(os_version), pinned_branch=pinned,
+            source=None if source is None else str(source),
         )
     except Exception as exc:  # one line for the admin instead of a traceback
         raise AnsibleFilterError(f"gpuprov_choose_branch: {exc}") from exc

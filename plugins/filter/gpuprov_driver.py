@@ -5,7 +5,7 @@
            install_names, held_packages, dnf_module_stream, written_files, problem
            (settings: gpuprov.driver_plan.Settings' fields, as roles/nvidia_driver/tasks/
            check.yml passes them)
-    state | gpuprov_driver_work(plan, host=..., hold=..., version=..., headers=[...],
+    state | gpuprov_driver_work(plan, host=..., hold=..., headers=[...],
                                 forbidden=[...], check_mode=..., apt_sources=text|None,
                                 package_manager=...)
         -> what is left to do, from the node's read (the gpuprov_node_state module):

@@ -22,6 +22,23 @@ def test_default_lab_has_the_four_reference_nodes(lab_state):
     assert len({n.ssh_port for n in lab_state.nodes}) == 4
 
 
+# Written out: the mixed lab the issue asks for (Debian 12 with its containerd 1.6, Debian 13
+# with containerd 2.x from unstable).
+NODE_OS = {"gpu-kepler": ("12", "1.6."), "gpu-pascal": ("12", "1.6."),
+           "gpu-hopper": ("13", "2."), "cpu-only": ("12", "1.6.")}
+
+
+def test_each_node_runs_its_profiles_os_and_containerd(lab, lab_state):
+    for node in lab_state.nodes:
+        proc = subprocess.run(
+            lab.ssh_command(node, ". /etc/os-release; echo $VERSION_ID; containerd --version"),
+            capture_output=True, text=True, timeout=60, check=False)
+        version_id, containerd = proc.stdout.splitlines()
+        want_os, want_containerd = NODE_OS[node.name]
+        assert version_id == want_os and node.os == f"debian-{want_os}", (node.name, version_id)
+        assert containerd.split()[2].startswith(want_containerd), (node.name, containerd)
+
+
 def test_nodes_answer_ssh_with_host_key_checking_and_run_systemd(lab, lab_state):
     for node in lab_state.nodes:
         proc = subprocess.run(
@@ -55,6 +72,11 @@ def test_inventory_groups_and_connection(lab, lab_state):
     for group in groups.values():
         for name, hostvars in group["hosts"].items():
             assert hostvars["ansible_port"] == ports[name]
+    gpu = groups["gpu_nodes"]["hosts"]
+    assert [gpu[n].get("nvidia_driver_source") for n in ("gpu-kepler", "gpu-pascal")] == \
+        ["distro", "distro"]
+    assert (gpu["gpu-hopper"]["nvidia_driver_source"],
+            gpu["gpu-hopper"]["nvidia_driver_branch"]) == ("nvidia", "580")
     common = doc["all"]["vars"]["ansible_ssh_common_args"]
     assert "StrictHostKeyChecking=yes" in common
     assert str(lab.known_hosts_path) in common

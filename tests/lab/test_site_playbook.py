@@ -8,10 +8,13 @@ changes nothing, and that `--check --diff` on the converged lab changes nothing 
 from __future__ import annotations
 
 import pytest
+import tomllib
 from conftest import BAD_SETTINGS, installed_packages, kube_api, playbook_failures
 from kubernetes import client
 
-EXPECTED_BRANCH = {"gpu-kepler": 470, "gpu-pascal": 535, "gpu-hopper": 535, "cpu-only": None}
+# gpu-hopper runs Debian 13 and takes R580 from (the lab's mirror of) NVIDIA's repository.
+EXPECTED_BRANCH = {"gpu-kepler": 470, "gpu-pascal": 535, "gpu-hopper": 580, "cpu-only": None}
+CONTAINERD_MAJOR = {"gpu-kepler": 1, "gpu-pascal": 1, "gpu-hopper": 2}
 GPU_NODES = [name for name, branch in EXPECTED_BRANCH.items() if branch]
 
 # Written out here, not read from the role, so that a wrong package name in the role fails.
@@ -19,7 +22,12 @@ DRIVER_PACKAGES = {
     470: ["nvidia-tesla-470-kernel-dkms", "nvidia-tesla-470-smi", "libnvidia-tesla-470-cuda1",
           "libnvidia-tesla-470-ml1", "libnvidia-tesla-470-cfg1"],
     535: ["nvidia-kernel-dkms", "nvidia-smi", "libcuda1", "libnvidia-ml1", "libnvidia-cfg1"],
+    # NVIDIA's repository: its compute-only set, kept on the branch by its version-lock
+    # package, not by holds (NVIDIA's guide advises against combining them).
+    580: ["nvidia-driver-cuda", "nvidia-kernel-dkms", "nvidia-smi", "libcuda1",
+          "libnvidia-ml1", "nvidia-driver-pinning-580"],
 }
+HELD = {470: True, 535: True, 580: False}
 FORBIDDEN = ("cuda-toolkit", "nvidia-cuda-toolkit", "xserver-xorg-core")
 GPU_COUNT = {"gpu-kepler": 2, "gpu-pascal": 4, "gpu-hopper": 8}
 # The labels the issue specifies, written out (not computed by gpuprov.labels).
@@ -99,27 +107,61 @@ def test_driver_packages_match_the_node_branch_and_are_held(first_run, node_conn
     for package in DRIVER_PACKAGES[branch] + ["nvidia-persistenced"]:
         assert package in packages, f"{package} missing on {node}"
         version, want = packages[package]
-        assert want == "hold", f"{package} on {node} is not held ({want})"
-        if package != "nvidia-persistenced":  # versioned on its own (535.171.04 for both)
+        assert want == ("hold" if HELD[branch] else "install"), (node, package, want)
+        if package.startswith("nvidia-driver-pinning-"):
+            assert version.startswith(f"{branch}-"), (package, version)
+        # Debian's nvidia-persistenced is versioned on its own (535.171.04 for both branches).
+        elif package != "nvidia-persistenced" or branch == 580:
             assert version.startswith(f"{branch}."), (package, version)
-    other = 535 if branch == 470 else 470
-    assert [p for p in DRIVER_PACKAGES[other] if p in packages and p not in
-            DRIVER_PACKAGES[branch]] == []
+    others = {p for b, names in DRIVER_PACKAGES.items() if b != branch for p in names}
+    assert sorted(p for p in others if p in packages and p not in DRIVER_PACKAGES[branch]) == []
 
 
 @pytest.mark.parametrize("node", GPU_NODES)
 def test_containerd_has_the_nvidia_runtime_and_keeps_the_planted_settings(
         first_run, node_connection, node):
     # containerd's own view: the main config with its imports merged as containerd does.
-    dump = node_connection(node).run("containerd config dump", hide=True,
-                                     in_stream=False).stdout
-    assert 'oom_score = -999' in dump
-    assert 'sandbox_image = "registry.example/pause:3.9"' in dump
-    assert '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]' in dump
-    assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in dump
+    # The planted file is version 2: containerd 1.x keeps it as it is, 2.x migrates it (and
+    # the role's version 3 drop-in) into its version 3 plugins.
+    conn = node_connection(node)
+    version = conn.run("containerd --version", hide=True, in_stream=False).stdout.split()[2]
+    assert int(version.split(".")[0]) == CONTAINERD_MAJOR[node], version
+    dump = tomllib.loads(conn.run("containerd config dump", hide=True, in_stream=False).stdout)
+    plugins = dump["plugins"]
+    assert dump["oom_score"] == -999
+    if CONTAINERD_MAJOR[node] == 1:
+        runtime = plugins["io.containerd.grpc.v1.cri"]
+        sandbox = runtime["sandbox_image"]
+    else:
+        runtime = plugins["io.containerd.cri.v1.runtime"]
+        sandbox = plugins["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"]
+    assert sandbox == "registry.example/pause:3.9"
+    assert runtime["restrict_oom_score_adj"] is True
+    nvidia = runtime["containerd"]["runtimes"]["nvidia"]
+    assert nvidia["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
     active = node_connection(node).run("systemctl is-active containerd", hide=True,
                                        in_stream=False, warn=True).stdout.strip()
     assert active == "active"
+
+
+def test_gpu_hopper_runs_debian_13_with_r580_from_nvidias_repository(first_run,
+                                                                        node_connection):
+    conn = node_connection("gpu-hopper")
+
+    def run(command: str) -> str:
+        return conn.run(command, hide=True, in_stream=False).stdout
+
+    assert "VERSION_ID=\"13\"" in run("cat /etc/os-release")
+    sources = run("cat /etc/apt/sources.list.d/gpuprov-nvidia-cuda.sources")
+    assert "URIs: file:/srv/gpuprov-lab-cuda/debian13/x86_64/" in sources
+    assert "Signed-By: /etc/apt/keyrings/gpuprov-nvidia-cuda.asc" in sources
+    # The repository offers 590 too: the version-lock package keeps apt on 580.
+    policy = run("apt-cache policy nvidia-driver-cuda")
+    assert "590.44.01-1" in policy and "Candidate: 580.105.08-1" in policy, policy
+    assert "Installed: 580.105.08-1" in policy
+    # The simulated NVML reports the driver that got installed (the node started at 550).
+    smi = run("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+    assert smi.split() == ["580.105.08"] * 8
 
 
 def test_gpus_are_allocatable_and_labels_are_as_specified(first_run, lab):

@@ -66,7 +66,7 @@ VERIFY_TASK = ROLE + "Verify the node, smoke pods included, while it is still co
 @pytest.fixture(scope="module")
 def upgrade_lab(tmp_path_factory):
     yield from temporary_lab(tmp_path_factory, "upgradelab",
-                             "--nodes", "gpu-pascal,gpu-hopper,gpu-pascal,cpu-only")
+                             "--nodes", "gpu-pascal,gpu-hopper@debian-12,gpu-pascal,cpu-only")
 
 
 def _core(lab: Lab) -> client.CoreV1Api:

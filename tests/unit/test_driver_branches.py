@@ -131,7 +131,58 @@ def test_os_normalisation_and_table() -> None:
     assert driver_branches.normalise_os("Ubuntu", "24.04") == ("ubuntu", "24.04")
     debian = [b.branch for b in driver_branches.installable_branches("debian", "12")]
     assert debian == [470, 535]
-    assert driver_branches.installable_branches("debian", "13") == ()
+    assert driver_branches.installable_branches("debian", "14") == ()
     for branches in driver_branches.OS_BRANCHES.values():
         numbers = [b.branch for b in branches]
         assert numbers == sorted(set(numbers))
+
+
+# Sources: Debian's archive and NVIDIA's CUDA repository offer different branches per release
+# (bookworm 470/535, trixie 550; NVIDIA's debian12 repository 550-590, debian13 580-590).
+@pytest.mark.parametrize(
+    ("gpus", "os_version", "source", "branch"),
+    [
+        ([H100] * 8, "13", "nvidia", 590),
+        ([H100] * 8, "13", None, 550),
+        ([H100] * 8, "12", "nvidia", 590),
+        ([P100] * 4, "13", "nvidia", 580),  # Pascal ends with R580
+        ([P100] * 4, "12", "distro", 535),
+        ([B200] * 8, "12", "nvidia", 590),
+    ],
+    ids=["hopper-13-nvidia", "hopper-13-distro", "hopper-12-nvidia", "pascal-13-nvidia",
+         "pascal-12-distro", "blackwell-12-nvidia"],
+)
+def test_branch_per_debian_release_and_source(gpus, os_version, source, branch) -> None:
+    choice = choose_branch(gpus, "Debian", os_version, source=source)
+    assert (choice.ok, choice.branch) == (True, branch), choice.reason
+
+
+def test_pin_580_from_nvidia_on_debian_13() -> None:
+    choice = choose_branch([H100] * 8, "debian", "13", pinned_branch=580, source="nvidia")
+    assert (choice.ok, choice.branch, choice.os) == (True, 580, "debian 13 (nvidia)")
+    assert "nvidia-driver-pinning-580" in choice.packages
+    assert choice.open_kernel_modules
+
+
+def test_kepler_on_debian_13_points_at_debian_12() -> None:
+    choice = choose_branch([K80, K80], "Debian", "13")
+    assert not choice.ok
+    assert "debian 13 offers 550" in choice.reason and "debian 12" in choice.reason
+
+
+def test_blackwell_is_not_in_debians_archive_but_in_nvidias_repository() -> None:
+    choice = choose_branch([B200], "Debian", "12")
+    assert not choice.ok
+    assert "debian 12 (nvidia)" in choice.reason
+
+
+def test_rhel_defaults_to_nvidias_repository_and_has_no_distro_source() -> None:
+    assert choose_branch([H100], "Rocky", "9.4").os == "rhel 9"
+    choice = choose_branch([H100], "Rocky", "9.4", source="distro")
+    assert not choice.ok
+    assert "set nvidia_driver_source to nvidia" in choice.reason
+
+
+def test_unknown_source_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="'cuda' is not one of distro, nvidia"):
+        choose_branch([H100], "Debian", "12", source="cuda")

@@ -119,10 +119,10 @@ def test_a_converged_node_leaves_no_work(driver):
 
 
 def test_work_left_missing_headers_holds_interrupted_dpkg_and_other_version(driver):
-    plan = driver.driver_plan(_settings())
+    plan = driver.driver_plan(_settings(version="535.261.03-1"))
     state = _state(**{n: ("1:535.247.01-1", False) for n in plan["held_packages"]})
     state["interrupted"] = ["dpkg --audit lists packages"]
-    work = driver.driver_work(state, plan, host="gpu-a", version="535.261.03-1",
+    work = driver.driver_work(state, plan, host="gpu-a",
                               headers=["linux-headers-6.1.0-41-amd64"], package_manager="apt")
     assert work["installed_version"] == "535.247.01"
     assert work["apt_work"] == (["dpkg --audit lists packages"] + plan["driver_packages"]
@@ -189,3 +189,64 @@ def test_settings_fields_are_the_ones_the_role_passes():
 def test_a_reboot_is_required_for_nouveau_or_a_module_of_another_version(state, installed,
                                                                           expected):
     assert driver_plan.reboot_required(state, installed) is expected
+
+
+# nvidia_driver_source: nvidia on Debian: NVIDIA's CUDA repository, names and layout as its
+# installation guide gives them (gpuprov.driver_branches [cuda-debian]).
+def _cuda_settings(os_file: str = "Debian_13", **overrides) -> dict:
+    data = _os_data(os_file)
+    return _settings(os_file, **{
+        "branch": "580", "source": "nvidia",
+        "cuda_distro": data.get("__nvidia_driver_cuda_distro"),
+        "cuda_repo_key": data.get("__nvidia_driver_cuda_repo_key"),
+        "cuda_packages": MAIN["__nvidia_driver_cuda_packages"],
+        "cuda_pin_package": MAIN["__nvidia_driver_cuda_pin_package"],
+        "cuda_sources_template": MAIN["__nvidia_driver_cuda_sources_template"],
+        "arch": "x86_64", **overrides})
+
+
+def test_nvidias_repository_on_debian_13_locks_the_branch_instead_of_holding(driver):
+    plan = driver.driver_plan(_cuda_settings())
+    assert plan["problem"] is None and plan["source"] == "nvidia"
+    assert plan["cuda_repo_url"] == \
+        "https://developer.download.nvidia.com/compute/cuda/repos/debian13/x86_64"
+    assert plan["cuda_repo_key_url"] == plan["cuda_repo_url"] + "/8793F200.pub"
+    assert plan["pin_package"] == "nvidia-driver-pinning-580"
+    assert plan["install_names"] == ["nvidia-driver-cuda=580.*", "nvidia-kernel-dkms=580.*",
+                                     "nvidia-persistenced=580.*"]
+    assert plan["hold"] is False and plan["allow_downgrade"] is True
+    assert plan["written_files"][0] == "/etc/apt/sources.list.d/gpuprov-nvidia-cuda.sources"
+
+
+def test_nvidias_repository_with_a_version_and_open_modules_on_arm(driver):
+    plan = driver.driver_plan(_cuda_settings(
+        "Debian_12", version="580.105.08-1", kernel_modules="open", open_supported=True,
+        arch="aarch64", cuda_repo_url="http://mirror.example/cuda/{distro}/{arch}",
+        cuda_repo_key_url="http://mirror.example/keys/{distro}-{key}"))
+    assert plan["problem"] is None
+    assert plan["cuda_repo_url"] == "http://mirror.example/cuda/debian12/sbsa"
+    assert plan["cuda_repo_key_url"] == "http://mirror.example/keys/debian12-3bf863cc.pub"
+    assert plan["pin_package"] == "nvidia-driver-pinning-580.105.08"
+    assert plan["install_names"][1] == "nvidia-kernel-open-dkms=580.105.08-1"
+
+
+def test_the_lock_package_and_the_branch_are_work_holds_are_released(driver):
+    plan = driver.driver_plan(_cuda_settings())
+    installed = {n: ("580.105.08-1", False) for n in plan["driver_packages"]}
+    converged = _state(**installed, **{"nvidia-driver-pinning-580": ("580-5", False)})
+    work = driver.driver_work(converged, plan, host="gpu-a", package_manager="apt")
+    assert (work["apt_work"], work["unselected"], work["installed_version"]) == \
+        ([], [], "580.105.08")
+    # A node switched from Debian's archive: its driver held at 535 (packages of Debian's that
+    # NVIDIA's depend on, and one NVIDIA's set does not name), no lock package yet.
+    debian = ["nvidia-kernel-dkms", "nvidia-smi", "libcuda1", "libnvidia-cfg1"]
+    switched = _state(**{n: ("535.261.03-1", True) for n in debian})
+    work = driver.driver_work(switched, plan, host="gpu-a", package_manager="apt")
+    assert work["apt_work"] == ["nvidia-driver-pinning-580", "nvidia-driver-cuda",
+                                "nvidia-kernel-dkms", "nvidia-persistenced"]
+    assert sorted(work["unselected"]) == sorted(debian)  # their holds are released first
+
+
+def test_nvidia_source_on_an_os_without_nvidias_apt_repository_is_refused(driver):
+    plan = driver.driver_plan(_cuda_settings("Ubuntu_24"))
+    assert "no apt repository of NVIDIA's for Ubuntu 24" in plan["problem"]

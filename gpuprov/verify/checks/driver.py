@@ -71,14 +71,15 @@ def expected_branch(facts: NodeFacts) -> BranchChoice:
         str(os_info.get("id") or ""),
         str(os_info.get("version_id") or ""),
         facts.node.driver_branch_pin,
+        facts.node.driver_source,
     )
 
 
 # Every node's choice is needed again for each peer comparison; nodes share few GPU mixes.
 @functools.lru_cache(maxsize=1024)
 def _choose(pci_ids: tuple[str, ...], os_id: str, os_version: str,
-            pin: str | None) -> BranchChoice:
-    return choose_branch(pci_ids, os_id, os_version, pinned_branch=pin)
+            pin: str | None, source: str | None) -> BranchChoice:
+    return choose_branch(pci_ids, os_id, os_version, pinned_branch=pin, source=source)
 
 
 @check(

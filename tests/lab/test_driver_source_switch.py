@@ -1,0 +1,116 @@
+"""A driver source switch and a branch move on one lab node, through
+`playbooks/upgrade-driver.yml`, as an admin does them: change the node's settings in the
+inventory, run the playbook.
+
+Its own lab: one gpu-hopper node on Debian 12, so that it starts from Debian's own driver.
+  1. site.yml: Debian's 535 (bookworm), held;
+  2. nvidia_driver_source: nvidia, nvidia_driver_branch: 580: NVIDIA's repository for
+     debian12 (the lab's signed mirror), its version-lock package, the holds released;
+  3. nvidia_driver_branch: 590: the lock package of 590 replaces 580's, the driver moves.
+After each step the simulated NVML reports the version that got installed, and the node is
+schedulable again (the upgrade role's verify passed on it).
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from conftest import (
+    connect,
+    installed_packages,
+    node_target,
+    playbook_failures,
+    run_playbook,
+    temporary_lab,
+)
+
+from gpuprov.lab.lab import Lab
+
+pytestmark = pytest.mark.lab
+
+NODE = "gpu-hopper"
+# Written out, not read from the role or the mirror.
+DEBIAN_535 = ["nvidia-kernel-dkms", "nvidia-smi", "libcuda1", "libnvidia-ml1"]
+NVIDIA = ["nvidia-driver-cuda", "nvidia-kernel-dkms", "nvidia-smi", "libcuda1", "libnvidia-ml1",
+          "nvidia-persistenced"]
+
+
+@pytest.fixture(scope="module")
+def switch_lab(tmp_path_factory):
+    yield from temporary_lab(tmp_path_factory, "switchlab", "--nodes", f"{NODE}@debian-12")
+
+
+def _set_host_vars(lab: Lab, **values: str) -> None:
+    """The admin's edit of the inventory (what the upgrade's verify step reads too)."""
+    doc = yaml.safe_load(lab.inventory_path.read_text())
+    hosts = doc["all"]["children"]["k8s_cluster"]["children"]["gpu_nodes"]["hosts"]
+    hosts[NODE].update(values)
+    lab.inventory_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _node(lab: Lab) -> tuple[dict, str, str]:
+    """(packages, NVML's driver version per nvidia-smi, the lab's apt sources files)."""
+    with connect(node_target(lab, NODE)) as conn:
+        packages = installed_packages(conn)
+        # The lab's nvidia-smi (NVML's view): Debian's real one refuses the simulated NVML.
+        smi = conn.run("/opt/gpuprov-sim/bin/nvidia-smi --query-gpu=driver_version "
+                       "--format=csv,noheader", hide=True, in_stream=False).stdout.split()
+        sources = conn.run("ls /etc/apt/sources.list.d/", hide=True, in_stream=False).stdout
+    assert len(set(smi)) == 1 and len(smi) == 8, smi
+    return packages, smi[0], sources
+
+
+def _upgrade(lab: Lab) -> dict:
+    rc, doc = run_playbook(lab, "playbooks/upgrade-driver.yml")
+    assert rc == 0, playbook_failures(doc)
+    assert doc["stats"][NODE]["changed"] > 0
+    return doc
+
+
+@pytest.fixture(scope="module")
+def from_debian(switch_lab):
+    rc, doc = run_playbook(switch_lab, "site.yml")
+    assert rc == 0, playbook_failures(doc)
+    return _node(switch_lab)
+
+
+@pytest.fixture(scope="module")
+def to_nvidia_580(switch_lab, from_debian):
+    _set_host_vars(switch_lab, nvidia_driver_source="nvidia", nvidia_driver_branch="580")
+    _upgrade(switch_lab)
+    return _node(switch_lab)
+
+
+@pytest.fixture(scope="module")
+def to_590(switch_lab, to_nvidia_580):
+    _set_host_vars(switch_lab, nvidia_driver_branch="590")
+    _upgrade(switch_lab)
+    return _node(switch_lab)
+
+
+def test_the_node_starts_with_debians_535_held(from_debian):
+    packages, nvml, sources = from_debian
+    assert nvml.startswith("535.")
+    for name in DEBIAN_535:
+        version, selection = packages[name]
+        assert version.startswith("535.") and selection == "hold", (name, packages[name])
+    assert "gpuprov-nvidia-cuda.sources" not in sources
+
+
+def test_switching_to_nvidias_repository_installs_its_580_and_releases_the_holds(to_nvidia_580):
+    packages, nvml, sources = to_nvidia_580
+    assert nvml.startswith("580.")
+    assert "gpuprov-nvidia-cuda.sources" in sources
+    assert packages["nvidia-driver-pinning-580"][0].startswith("580-")
+    for name in NVIDIA:
+        version, selection = packages[name]
+        assert version.startswith("580.") and selection == "install", (name, packages[name])
+
+
+def test_moving_the_branch_replaces_the_lock_and_the_driver(to_590):
+    packages, nvml, _ = to_590
+    assert nvml.startswith("590.")
+    assert "nvidia-driver-pinning-580" not in packages
+    assert packages["nvidia-driver-pinning-590"][0].startswith("590-")
+    for name in NVIDIA:
+        assert packages[name][0].startswith("590."), (name, packages[name])

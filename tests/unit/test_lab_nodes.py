@@ -1,0 +1,38 @@
+"""The lab's node list: `lab up --nodes [NAME=]PROFILE[@OS]`, the OS images it can build, and
+the driver settings it writes per OS (no containers: gpuprov.lab.lab.plan_nodes and tables)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuprov.errors import GpuprovError
+from gpuprov.lab import image, profiles
+from gpuprov.lab.lab import LAB_DRIVER_SETTINGS, plan_nodes
+
+
+def test_default_lab_mixes_debian_12_and_13():
+    assert plan_nodes(profiles.DEFAULT_LAB) == [
+        ("gpu-kepler", "gpu-kepler", "debian-12"), ("gpu-pascal", "gpu-pascal", "debian-12"),
+        ("gpu-hopper", "gpu-hopper", "debian-13"), ("cpu-only", "cpu-only", "debian-12")]
+
+
+def test_a_node_spec_may_name_the_node_and_its_os():
+    assert plan_nodes(["gpu-pascal@debian-13", "gpu-pascal", "h=gpu-hopper@debian-12"]) == [
+        ("gpu-pascal", "gpu-pascal", "debian-13"), ("gpu-pascal-2", "gpu-pascal", "debian-12"),
+        ("h", "gpu-hopper", "debian-12")]
+
+
+def test_an_os_the_lab_cannot_build_is_one_clear_error():
+    with pytest.raises(GpuprovError, match="cannot build node OS 'ubuntu-24.04'; it builds: "
+                                           "debian-12, debian-13"):
+        plan_nodes(["gpu-pascal@ubuntu-24.04"])
+
+
+def test_every_os_has_its_own_image_and_driver_settings():
+    assert len({image.node_ref(name) for name in image.NODE_OSES}) == len(image.NODE_OSES)
+    assert set(LAB_DRIVER_SETTINGS) == set(image.NODE_OSES)
+    assert {p.os for p in profiles.NODE_PROFILES.values()} <= set(image.NODE_OSES)
+    # The roles' names for the settings the lab writes.
+    for settings in LAB_DRIVER_SETTINGS.values():
+        assert set(settings) <= {"nvidia_driver_source", "nvidia_driver_branch"}
+        assert settings["nvidia_driver_source"] in ("distro", "nvidia")
