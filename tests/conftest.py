@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -48,3 +50,30 @@ def ansible_plugin():
         return module
 
     return load
+
+
+def _assert_signed_by(key_file: Path, arch_dir: Path, fingerprint: str, work: Path) -> None:
+    """A flat apt repository's Release is signed (inline and detached) by the published key
+    and no other, and a tampered index fails: what apt's check of it relies on."""
+    keyring = work / "keyring.gpg"
+    subprocess.run(["gpg", "--batch", "--dearmor", "--output", str(keyring), str(key_file)],
+                   check=True, env={**os.environ, "GNUPGHOME": str(work)})
+    ok = subprocess.run(["gpgv", "--keyring", str(keyring), str(arch_dir / "InRelease")],
+                        capture_output=True, text=True, check=False)
+    assert ok.returncode == 0, ok.stderr
+    assert fingerprint[-16:] in ok.stderr.replace(" ", "")
+    detached = subprocess.run(
+        ["gpgv", "--keyring", str(keyring), str(arch_dir / "Release.gpg"),
+         str(arch_dir / "Release")], capture_output=True, text=True, check=False)
+    assert detached.returncode == 0, detached.stderr
+    tampered = work / "InRelease"
+    tampered.write_text((arch_dir / "InRelease").read_text().replace("Packages", "Packagez", 1))
+    bad = subprocess.run(["gpgv", "--keyring", str(keyring), str(tampered)],
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode != 0
+
+
+@pytest.fixture(scope="session")
+def assert_signed_by():
+    """assert_signed_by(key_file, arch_dir, fingerprint, work_dir) for the lab's repositories."""
+    return _assert_signed_by

@@ -59,14 +59,12 @@ gpuprov/lab/SIMULATION.md says the same for the lab's users.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuprov.errors import GpuprovError
 from gpuprov.lab import pkgrepo
 
 log = logging.getLogger(__name__)
@@ -268,20 +266,11 @@ def build_repo(out_dir: Path) -> Repo:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m gpuprov.lab.cudarepo",
-        description="Build the lab's signed, simulated mirror of NVIDIA's CUDA driver "
-        "repository for debian12 and debian13 (cached; rebuilt when its inputs change). "
-        "Prints the repository directory.",
-    )
-    parser.add_argument("dir", type=Path, help="work directory (key, repository)")
-    args = parser.parse_args(argv)
-    try:
-        repo = build_repo(args.dir)
-    except GpuprovError as exc:
-        parser.exit(2, f"gpuprov: error: {exc}\n")
-    print(repo.root)
-    return 0
+    return pkgrepo.repo_main(
+        argv, "python -m gpuprov.lab.cudarepo",
+        "Build the lab's signed, simulated mirror of NVIDIA's CUDA driver repository for "
+        "debian12 and debian13 (cached; rebuilt when its inputs change). Prints the repository "
+        "directory.", build_repo)
 
 
 if __name__ == "__main__":

@@ -292,20 +292,24 @@ def build_repo(out_dir: Path) -> Repo:
     return repo
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m gpuprov.lab.pkgrepo",
-        description="Build the lab's signed repository of the simulated NVIDIA container "
-        "toolkit (cached; rebuilt when its inputs change). Prints the repository directory.",
-    )
+def repo_main(argv: list[str] | None, prog: str, description: str, build) -> int:
+    """`python -m gpuprov.lab.<module> DIR`: build (cached) and print the repository."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("dir", type=Path, help="work directory (key, repository)")
     args = parser.parse_args(argv)
     try:
-        repo = build_repo(args.dir)
+        repo = build(args.dir)
     except GpuprovError as exc:
         parser.exit(2, f"gpuprov: error: {exc}\n")
     print(repo.root)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return repo_main(
+        argv, "python -m gpuprov.lab.pkgrepo",
+        "Build the lab's signed repository of the simulated NVIDIA container toolkit (cached; "
+        "rebuilt when its inputs change). Prints the repository directory.", build_repo)
 
 
 if __name__ == "__main__":
