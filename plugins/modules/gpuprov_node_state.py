@@ -12,10 +12,10 @@ module: gpuprov_node_state
 author: gpuprov maintainers
 short_description: Read a node's packages, kernel modules, units and the roles' files
 description:
-  - Reads, never writes: the package manager and its installed packages (and whether dpkg was
-    interrupted), nouveau and the nvidia kernel module (loaded by C(initstate), the module's
-    version), systemd units, the checksums and modes of named files, the text of named
-    configs, and the first line a version command prints.
+  - Reads, never writes. It reads the package manager and its installed packages (and
+    whether dpkg was interrupted), nouveau and the nvidia kernel module (loaded by
+    C(initstate), the module's version), systemd units, the checksums and modes of named
+    files, the text of named configs, and the first line a version command prints.
   - Facts come from gpuprov's probe collectors (gpuprov/probe/node_state.py), the same the
     C(gpuprov probe) and C(gpuprov verify) commands use.
   - Runs in check mode too, so that C(--check) reports what a real run would change.
