@@ -14,6 +14,7 @@ Messages name the host and say what to do, as the role's assert tasks print them
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ class Settings:
     cuda_pin_package: str = "nvidia-driver-pinning-{pin}"
     cuda_sources_template: str | None = None
     cuda_sources_path: str = "/etc/apt/sources.list.d/gpuprov-nvidia-cuda.sources"
+    cuda_keyring: str = "/etc/apt/keyrings/gpuprov-nvidia-cuda.asc"
     arch: str | None = None  # None: x86_64 (the facts a run gathers always have it)
 
     @property
@@ -110,8 +112,12 @@ def plan(s: Settings) -> dict:
     flavour = _flavour(s)
     driver, extra = _driver_packages(s, branch_packages, flavour)
     names = list(driver)
-    if s.version is not None and s.package_manager in VERSION_SEPARATORS:
-        names = [f"{n}{VERSION_SEPARATORS[s.package_manager]}{s.version}" for n in driver]
+    apt = s.package_manager == "apt"
+    # apt: a version of the branch unless nvidia_driver_version says which, so that a node
+    # whose driver is of another branch (NVIDIA's, before a switch to the OS's archive) moves.
+    version_match = s.version if s.version is not None or not apt else f"{s.branch}.*"
+    if version_match is not None and s.package_manager in VERSION_SEPARATORS:
+        names = [f"{n}{VERSION_SEPARATORS[s.package_manager]}{version_match}" for n in driver]
     return {
         "branch": s.branch,
         "flavour": flavour,
@@ -119,9 +125,10 @@ def plan(s: Settings) -> dict:
         "driver_packages": driver,
         "extra_packages": extra,
         "install_names": names + extra,
-        "allow_downgrade": False,
+        # The role installs only versions the settings ask for: a lower one is the admin's.
+        "allow_downgrade": apt,
         # What the installed driver packages' versions must match (fnmatch).
-        "version_match": s.version,
+        "version_match": version_match,
         # Held (apt-mark hold / dnf versionlock) and checked after installing.
         "held_packages": driver + extra,
         "hold": None,  # as nvidia_driver_hold says
@@ -135,6 +142,10 @@ def plan(s: Settings) -> dict:
         # differs.
         "written_files": ([s.apt_sources_path] if s.apt_sources_template else [])
         + [s.blacklist_path],
+        # What NVIDIA's repository left on a node switched to the OS's archive: its lock
+        # package (it would keep apt on its branch) and the role's repository files.
+        "removed_packages": ["nvidia-driver-pinning-*"] if apt else [],
+        "removed_files": [s.cuda_sources_path, s.cuda_keyring] if apt else [],
         "problem": setting_problem(s, branch_packages, flavour),
     }
 
@@ -188,6 +199,8 @@ def _cuda_apt_plan(s: Settings) -> dict:
         "cuda_repo_key_url": s.cuda_repo_key_url.format(url=url, key=s.cuda_repo_key,
                                                         distro=s.cuda_distro, arch=arch),
         "written_files": [s.cuda_sources_path, s.blacklist_path],
+        "removed_packages": [],
+        "removed_files": [],
         "problem": problem,
     }
 
@@ -242,7 +255,12 @@ def work(the_plan: Mapping, state: Mapping, *, host: str, hold: bool = True,
     version = the_plan["version_match"]
     hold = hold if the_plan.get("hold") is None else the_plan["hold"]
     pin = [the_plan["pin_package"]] if the_plan.get("pin_package") else []
-    apt_work = (list(state.get("interrupted") or [])
+    removed = [name for name, p in packages.items() if p.get("state") == "installed"
+               and any(fnmatch.fnmatchcase(name, pattern)
+                       for pattern in the_plan.get("removed_packages") or [])]
+    present = {f.get("path") for f in state.get("files") or [] if isinstance(f, Mapping)}
+    stale_files = [path for path in the_plan.get("removed_files") or [] if path in present]
+    apt_work = (list(state.get("interrupted") or []) + removed + stale_files
                 + packages_missing(pin, packages)
                 + packages_missing(the_plan["driver_packages"], packages, version)
                 + packages_missing(list(the_plan["extra_packages"]) + list(headers), packages))
@@ -257,6 +275,8 @@ def work(the_plan: Mapping, state: Mapping, *, host: str, hold: bool = True,
         "installed_version": current,
         "apt_sources_current": sources_current,
         "apt_work": apt_work,
+        "removed_packages": removed,
+        "stale_files": stale_files,
         "unselected": unselected,
         "apt_converged": (package_manager == "apt" and sources_current and not apt_work
                           and not unselected),

@@ -6,7 +6,9 @@ Its own lab: one gpu-hopper node on Debian 12, so that it starts from Debian's o
   1. site.yml: Debian's 535 (bookworm), held;
   2. nvidia_driver_source: nvidia, nvidia_driver_branch: 580: NVIDIA's repository for
      debian12 (the lab's signed mirror), its version-lock package, the holds released;
-  3. nvidia_driver_branch: 590: the lock package of 590 replaces 580's, the driver moves.
+  3. nvidia_driver_branch: 590: the lock package of 590 replaces 580's, the driver moves;
+  4. both settings removed: back to Debian's 535, NVIDIA's lock package and the role's
+     repository files gone, held again.
 After each step the simulated NVML reports the version that got installed, and the node is
 schedulable again (the upgrade role's verify passed on it).
 """
@@ -40,11 +42,14 @@ def switch_lab(tmp_path_factory):
     yield from temporary_lab(tmp_path_factory, "switchlab", "--nodes", f"{NODE}@debian-12")
 
 
-def _set_host_vars(lab: Lab, **values: str) -> None:
-    """The admin's edit of the inventory (what the upgrade's verify step reads too)."""
+def _set_host_vars(lab: Lab, **values: str | None) -> None:
+    """The admin's edit of the inventory (what the upgrade's verify step reads too); None
+    removes the setting."""
     doc = yaml.safe_load(lab.inventory_path.read_text())
     hosts = doc["all"]["children"]["k8s_cluster"]["children"]["gpu_nodes"]["hosts"]
-    hosts[NODE].update(values)
+    hosts[NODE].update({k: v for k, v in values.items() if v is not None})
+    for key in [k for k, v in values.items() if v is None]:
+        hosts[NODE].pop(key, None)
     lab.inventory_path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
@@ -55,7 +60,8 @@ def _node(lab: Lab) -> tuple[dict, str, str]:
         # The lab's nvidia-smi (NVML's view): Debian's real one refuses the simulated NVML.
         smi = conn.run("/opt/gpuprov-sim/bin/nvidia-smi --query-gpu=driver_version "
                        "--format=csv,noheader", hide=True, in_stream=False).stdout.split()
-        sources = conn.run("ls /etc/apt/sources.list.d/", hide=True, in_stream=False).stdout
+        sources = conn.run("ls /etc/apt/sources.list.d/ /etc/apt/keyrings/", hide=True,
+                           in_stream=False).stdout
     assert len(set(smi)) == 1 and len(smi) == 8, smi
     return packages, smi[0], sources
 
@@ -88,6 +94,13 @@ def to_590(switch_lab, to_nvidia_580):
     return _node(switch_lab)
 
 
+@pytest.fixture(scope="module")
+def back_to_debian(switch_lab, to_590):
+    _set_host_vars(switch_lab, nvidia_driver_source=None, nvidia_driver_branch=None)
+    _upgrade(switch_lab)
+    return _node(switch_lab)
+
+
 def test_the_node_starts_with_debians_535_held(from_debian):
     packages, nvml, sources = from_debian
     assert nvml.startswith("535.")
@@ -114,3 +127,13 @@ def test_moving_the_branch_replaces_the_lock_and_the_driver(to_590):
     assert packages["nvidia-driver-pinning-590"][0].startswith("590-")
     for name in NVIDIA:
         assert packages[name][0].startswith("590."), (name, packages[name])
+
+
+def test_back_to_debians_archive_removes_nvidias_lock_and_repository(back_to_debian):
+    packages, nvml, sources = back_to_debian
+    assert nvml.startswith("535.")
+    assert [p for p in packages if p.startswith("nvidia-driver-pinning")] == []
+    assert "gpuprov-nvidia-cuda" not in sources
+    for name in DEBIAN_535:
+        version, selection = packages[name]
+        assert version.startswith("535.") and selection == "hold", (name, packages[name])

@@ -10,6 +10,7 @@ by then, this stage is checked on top of them, then run again to prove it change
 from __future__ import annotations
 
 import pytest
+import tomllib
 from conftest import playbook_failures
 
 from gpuprov.lab.kube.backend import LabBackend
@@ -38,11 +39,16 @@ def test_gpu_node_runs_nvidia_runtime_from_the_local_repository(toolkit_runs, la
     assert "file:/srv/gpuprov-lab-repo/stable/deb/amd64" in run(
         "apt-cache policy nvidia-container-toolkit"
     )
-    # containerd itself loads the drop-in: Debian's CRI settings and NVIDIA's runtime.
-    dump = run("containerd config dump")
-    assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in dump
-    assert 'default_runtime_name = "nvidia"' in dump
-    assert 'bin_dir = "/usr/lib/cni"' in dump
+    # containerd itself loads the drop-in: Debian's CRI settings and NVIDIA's runtime, under
+    # the CRI plugin of its config version (1.x: version 2's; 2.x: version 3's runtime plugin).
+    dump = tomllib.loads(run("containerd config dump"))
+    plugins = dump["plugins"]
+    cri = plugins.get("io.containerd.cri.v1.runtime") or plugins["io.containerd.grpc.v1.cri"]
+    assert (dump["version"] == 3) == ("io.containerd.cri.v1.runtime" in plugins)
+    runtimes = cri["containerd"]["runtimes"]
+    assert runtimes["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
+    assert cri["containerd"]["default_runtime_name"] == "nvidia"
+    assert "/usr/lib/cni" in [cri["cni"].get("bin_dir"), *(cri["cni"].get("bin_dirs") or [])]
     assert "Server:" in run("ctr version")
     # What the emulated device plugin registration decides from: the probe's runtime section,
     # read from the host in the node's root.

@@ -114,7 +114,8 @@ def test_a_converged_node_leaves_no_work(driver):
     work = driver.driver_work(state, plan, host="gpu-a", headers=["linux-headers-6.1.0-41-amd64"],
                               package_manager="apt", apt_sources=None)
     assert work == {"installed_version": "535.261.03", "apt_sources_current": True,
-                    "apt_work": [], "unselected": [], "apt_converged": True,
+                    "apt_work": [], "removed_packages": [], "stale_files": [],
+                    "unselected": [], "apt_converged": True,
                     "installed_problem": None, "reboot_required": False}
 
 
@@ -250,3 +251,21 @@ def test_the_lock_package_and_the_branch_are_work_holds_are_released(driver):
 def test_nvidia_source_on_an_os_without_nvidias_apt_repository_is_refused(driver):
     plan = driver.driver_plan(_cuda_settings("Ubuntu_24"))
     assert "no apt repository of NVIDIA's for Ubuntu 24" in plan["problem"]
+
+
+def test_back_to_debians_archive_removes_nvidias_lock_and_repository_and_moves_the_branch(
+        driver):
+    plan = driver.driver_plan(_settings())
+    # Without nvidia_driver_version: any 535 of Debian's, as apt spells the request.
+    assert plan["install_names"][:2] == ["nvidia-kernel-dkms=535.*", "nvidia-smi=535.*"]
+    assert plan["allow_downgrade"] is True
+    state = _state(**{n: ("580.105.08-1", False) for n in plan["held_packages"]},
+                   **{"nvidia-driver-pinning-580": ("580-5", False)})
+    state["files"] = [{"path": "/etc/apt/sources.list.d/gpuprov-nvidia-cuda.sources"},
+                      {"path": "/etc/apt/keyrings/gpuprov-nvidia-cuda.asc"}]
+    work = driver.driver_work(state, plan, host="gpu-a", package_manager="apt")
+    assert work["removed_packages"] == ["nvidia-driver-pinning-580"]
+    assert work["stale_files"] == ["/etc/apt/sources.list.d/gpuprov-nvidia-cuda.sources",
+                                   "/etc/apt/keyrings/gpuprov-nvidia-cuda.asc"]
+    assert set(plan["driver_packages"]) <= set(work["apt_work"])  # 580 is not 535.*
+    assert not work["apt_converged"]

@@ -121,6 +121,14 @@ def test_choose_branch_mixed_generations_is_not_ok():
     assert choice["reason"]
 
 
+def test_choose_branch_takes_the_driver_source_and_refuses_an_unknown_one():
+    choice = filters.gpuprov_choose_branch([H100], "debian", "13", "580", "nvidia")
+    assert (choice["ok"], choice["branch"], choice["os"]) == (True, 580, "debian 13 (nvidia)")
+    with pytest.raises(AnsibleFilterError, match="gpuprov_choose_branch: driver source 'cuda' "
+                                                 "is not one of distro, nvidia"):
+        filters.gpuprov_choose_branch([H100], "debian", "13", None, "cuda")
+
+
 def test_choose_branch_bad_pin_is_a_filter_error():
     with pytest.raises(AnsibleFilterError, match="gpuprov_choose_branch: .*535"):
         filters.gpuprov_choose_branch([P100], "debian", "12", "latest")
