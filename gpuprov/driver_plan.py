@@ -113,11 +113,8 @@ def plan(s: Settings) -> dict:
     driver, extra = _driver_packages(s, branch_packages, flavour)
     names = list(driver)
     apt = s.package_manager == "apt"
-    # apt: a version of the branch unless nvidia_driver_version says which, so that a node
-    # whose driver is of another branch (NVIDIA's, before a switch to the OS's archive) moves.
-    version_match = s.version if s.version is not None or not apt else f"{s.branch}.*"
-    if version_match is not None and s.package_manager in VERSION_SEPARATORS:
-        names = [f"{n}{VERSION_SEPARATORS[s.package_manager]}{version_match}" for n in driver]
+    if s.version is not None and s.package_manager in VERSION_SEPARATORS:
+        names = [f"{n}{VERSION_SEPARATORS[s.package_manager]}{s.version}" for n in driver]
     return {
         "branch": s.branch,
         "flavour": flavour,
@@ -125,10 +122,14 @@ def plan(s: Settings) -> dict:
         "driver_packages": driver,
         "extra_packages": extra,
         "install_names": names + extra,
+        # What apt is asked for where the installed driver is of another branch (NVIDIA's,
+        # on a node switched to the OS's archive): `present` alone would keep it.
+        "branch_names": ([f"{n}={s.branch}.*" for n in driver] + extra
+                         if apt and s.version is None else None),
         # The role installs only versions the settings ask for: a lower one is the admin's.
         "allow_downgrade": apt,
         # What the installed driver packages' versions must match (fnmatch).
-        "version_match": version_match,
+        "version_match": s.version,
         # Held (apt-mark hold / dnf versionlock) and checked after installing.
         "held_packages": driver + extra,
         "hold": None,  # as nvidia_driver_hold says
@@ -187,6 +188,7 @@ def _cuda_apt_plan(s: Settings) -> dict:
         "extra_packages": [],
         # The apt module installs the version that matches (and moves an installed one to it).
         "install_names": [f"{n}={version_match}" for n in driver],
+        "branch_names": None,
         "allow_downgrade": True,
         "version_match": version_match,
         "held_packages": sorted(known),
@@ -260,7 +262,12 @@ def work(the_plan: Mapping, state: Mapping, *, host: str, hold: bool = True,
                        for pattern in the_plan.get("removed_packages") or [])]
     present = {f.get("path") for f in state.get("files") or [] if isinstance(f, Mapping)}
     stale_files = [path for path in the_plan.get("removed_files") or [] if path in present]
-    apt_work = (list(state.get("interrupted") or []) + removed + stale_files
+    install_names = list(the_plan["install_names"])
+    other_branch = []
+    if the_plan.get("branch_names") and current and not current.startswith(
+            f"{the_plan['branch']}."):
+        install_names, other_branch = list(the_plan["branch_names"]), the_plan["driver_packages"]
+    apt_work = (list(state.get("interrupted") or []) + removed + stale_files + other_branch
                 + packages_missing(pin, packages)
                 + packages_missing(the_plan["driver_packages"], packages, version)
                 + packages_missing(list(the_plan["extra_packages"]) + list(headers), packages))
@@ -275,6 +282,7 @@ def work(the_plan: Mapping, state: Mapping, *, host: str, hold: bool = True,
         "installed_version": current,
         "apt_sources_current": sources_current,
         "apt_work": apt_work,
+        "install_names": install_names,
         "removed_packages": removed,
         "stale_files": stale_files,
         "unselected": unselected,

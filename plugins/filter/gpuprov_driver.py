@@ -9,7 +9,8 @@
                                 forbidden=[...], check_mode=..., apt_sources=text|None,
                                 package_manager=...)
         -> what is left to do, from the node's read (the gpuprov_node_state module):
-           installed_version, apt_sources_current, apt_work, unselected, apt_converged,
+           installed_version, apt_sources_current, apt_work, install_names (what apt is
+           asked for), removed_packages, stale_files, unselected, apt_converged,
            installed_problem
 """
 
