@@ -53,6 +53,8 @@ from gpuprov.probe import runtime as probe_runtime
 CONTAINERD_CONFIG = probe_runtime.CONTAINERD_CONFIG
 NVIDIA_DROP_IN = "/etc/containerd/conf.d/99-nvidia.toml"
 RUNC_V2 = "io.containerd.runc.v2"
+# Where NVIDIA's nvidia-cdi-refresh.service writes the spec (gpuprov/runtime_mode.py).
+CDI_REFRESH_DIR = "/var/run/cdi"
 
 # Where the CRI plugin keeps its runtimes, by config version (containerd 2.x: 3).
 CRI_PLUGIN_IDS = {3: "io.containerd.cri.v1.runtime", 2: "io.containerd.grpc.v1.cri", 1: "cri"}
@@ -149,8 +151,13 @@ def containerd_nvidia(
     binary: str = "/usr/bin/nvidia-container-runtime",
     set_default: bool = False,
     containerd_major: int | None = None,
+    cdi: bool = False,
 ) -> dict:
     """The drop-in and the main config that give containerd the NVIDIA runtime.
+
+    cdi: native CDI mode (gpuprov/runtime_mode.py): CDI enabled in the CRI plugin, with the
+    spec directory the toolkit's nvidia-cdi-refresh writes to among its cdi_spec_dirs (an
+    admin's own list is kept and only gains it); set_default should then be false.
 
     main_text: config.toml as the node has it (None: no file, containerd's defaults).
     files: every other file the node has under the imported directories, {path: text}
@@ -203,6 +210,11 @@ def containerd_nvidia(
     )
     if set_default:
         containerd["default_runtime_name"] = runtime_name
+    if cdi:
+        cri["enable_cdi"] = True
+        dirs = cri.get("cdi_spec_dirs")
+        if isinstance(dirs, list) and CDI_REFRESH_DIR not in dirs:
+            cri["cdi_spec_dirs"] = [*dirs, CDI_REFRESH_DIR]
 
     drop_in_doc = tomlkit.document()
     drop_in_doc.add(tomlkit.comment(

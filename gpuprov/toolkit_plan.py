@@ -23,8 +23,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuprov import toolkit_config
+from gpuprov import runtime_mode, toolkit_config
 from gpuprov.node_checks import file_current, packages_missing, plain
+from gpuprov.probe import runtime as probe_runtime
 
 # apt: name=version, dnf: name-version.
 VERSION_SEPARATORS = {"apt": "=", "dnf": "-"}
@@ -56,6 +57,8 @@ class Settings:
     toolkit_config: str = "/etc/nvidia-container-runtime/config.toml"
     accept_envvar_unprivileged: bool = False
     accept_volume_mounts: bool = True
+    mode: str = runtime_mode.AUTO  # auto | cdi | legacy (gpuprov/runtime_mode.py)
+    default_runtime: bool = True  # legacy mode: NVIDIA's runtime as the runtime's default
 
     @classmethod
     def from_vars(cls, values: Mapping) -> Settings:
@@ -84,7 +87,9 @@ def plan(s: Settings) -> dict:
         # differs; the configs are read for their text, to merge into.
         "written_files": ([s.keyring, s.apt_sources_path] if apt else [])
         + ([s.containerd_drop_in] if containerd else []),
-        "read_configs": ([s.containerd_config] if containerd else []) + [s.toolkit_config],
+        "read_configs": ([s.containerd_config] if containerd else []) + [s.toolkit_config]
+        # The toolkit's CDI spec: kept current in cdi mode (cdi_refresh in work()).
+        + [runtime_mode.CDI_SPEC],
         # The armoured key as fetched, kept next to the keyring so that a rotated key is
         # noticed and dearmored again (apt reads neither file unless a source names it).
         "key_source": re.sub(r"\.gpg$", "", s.keyring) + ".asc",
@@ -113,18 +118,35 @@ def setting_problem(s: Settings) -> str | None:
 
 
 def work(the_plan: Mapping, state: Mapping, probe_packages: list, *,
-         apt_sources: str | None = None) -> dict:
+         apt_sources: str | None = None, nvml: Mapping | None = None,
+         driver_changed: bool = False) -> dict:
     """What the node's read and the preflight's probe (its packages.driver list) leave to do.
 
     apt_sources: the sources file's text as the role writes it (None on dnf nodes).
+    nvml: the preflight probe's NVML section (GPUs, driver version), to judge the CDI spec by.
+    driver_changed: the driver stage changed the driver in this run (it then refreshed the
+    spec itself, and the preflight's NVML answer is from before the change).
     """
     s = the_plan["settings"]
     files = state.get("files") or []
     keyring = [f for f in files if f.get("path") == s["keyring"]]
     contents = state.get("contents") or {}
     held = {p.get("name") for p in probe_packages if p.get("held")}
+    problem = runtime_problem(the_plan, state)
+    choice = runtime_mode.choose(s["mode"], s["runtime"],
+                                 (state.get("version") or {}).get("output"))
+    if problem is None and choice.problem:
+        problem = f"{s['host']}: {choice.problem}"
+    cdi = choice.mode == runtime_mode.CDI
     return {
-        "runtime_problem": runtime_problem(the_plan, state),
+        "runtime_problem": problem,
+        # How containers get GPUs on this node, and why (gpuprov/runtime_mode.py): cdi makes
+        # CDI on in the runtime and NVIDIA's runtime not its default.
+        "mode": choice.mode,
+        "mode_reason": choice.reason,
+        "set_default": bool(s["default_runtime"]) and not cdi,
+        "cdi_refresh": cdi and cdi_refresh(contents.get(runtime_mode.CDI_SPEC), nvml,
+                                           driver_changed),
         "keyring_found": bool(keyring),
         # The keyring is root's 0644 (apt reads it as _apt).
         "keyring_ok": any(f.get("mode") == "0644" and f.get("uid") == 0 and f.get("gid") == 0
@@ -140,6 +162,20 @@ def work(the_plan: Mapping, state: Mapping, probe_packages: list, *,
         "config": toolkit_config.merge(contents.get(s["toolkit_config"]), the_plan["gpu_access"],
                                        path=s["toolkit_config"]),
     }
+
+
+def cdi_refresh(spec_text: str | None, nvml: Mapping | None, driver_changed: bool) -> bool:
+    """Whether nvidia-cdi-refresh must run again: no spec, or one that misses a GPU or was
+    generated for another driver than NVML reports (judged only where this run did not change
+    the driver: the driver stage refreshed the spec then, after the preflight's NVML read)."""
+    if spec_text is None:
+        return True
+    if driver_changed:
+        return False
+    nvml = nvml or {}
+    gpus = [g for g in nvml.get("gpus") or [] if g.get("error") is None]
+    record = probe_runtime.cdi_record(runtime_mode.CDI_SPEC, spec_text)
+    return runtime_mode.spec_problem(record, gpus, nvml.get("driver_version")) is not None
 
 
 def runtime_problem(the_plan: Mapping, state: Mapping) -> str | None:

@@ -19,7 +19,8 @@ Layout of DIR:
     repo/.inputs                 hash of what the repository was built from
 
 Packages, as NVIDIA splits them (each version of TOOLKIT_VERSIONS): nvidia-container-toolkit-base
-(nvidia-ctk, nvidia-container-runtime, /etc/nvidia-container-runtime/config.toml),
+(nvidia-ctk, nvidia-container-runtime, /etc/nvidia-container-runtime/config.toml; from 1.18
+the nvidia-cdi-refresh units and a postinst that enables them, as NVIDIA's),
 libnvidia-container1 (empty: a README instead of the library), libnvidia-container-tools
 (nvidia-container-cli) and nvidia-container-toolkit (nvidia-container-runtime-hook; depends
 on the base and the tools, like NVIDIA's). Their programs are the stand-ins in
@@ -78,6 +79,10 @@ PACKAGES: dict[str, tuple[dict[str, tuple[str, int]], str, str]] = {
             # The modules the stand-ins share (gpuprov/lab/toolkit/__init__.py).
             "toolkit_rules.py": ("usr/lib/gpuprov-sim/python/toolkit_rules.py", 0o644),
             "simnvml_client.py": ("usr/lib/gpuprov-sim/python/simnvml_client.py", 0o644),
+            # Since 1.18 (SINCE below): the units that keep /var/run/cdi/nvidia.yaml current.
+            "nvidia-cdi-refresh.service": ("usr/lib/systemd/system/nvidia-cdi-refresh.service",
+                                           0o644),
+            "nvidia-cdi-refresh.path": ("usr/lib/systemd/system/nvidia-cdi-refresh.path", 0o644),
         },
         "python3, runc",
         "NVIDIA Container Toolkit Base (gpuprov lab SIMULATION)",
@@ -101,6 +106,12 @@ PACKAGES: dict[str, tuple[dict[str, tuple[str, int]], str, str]] = {
     ),
 }
 CONFFILES = {"nvidia-container-toolkit-base": ["/etc/nvidia-container-runtime/config.toml"]}
+# Files (and maintainer scripts) a package has only from an upstream version on: the CDI
+# refresh units and the postinst that enables them came with toolkit 1.18.
+SINCE = {"nvidia-cdi-refresh.service": (1, 18), "nvidia-cdi-refresh.path": (1, 18),
+         "nvidia-container-toolkit-base.postinst": (1, 18)}
+# name -> {maintainer script: source in toolkit/}
+SCRIPTS = {"nvidia-container-toolkit-base": {"postinst": "nvidia-container-toolkit-base.postinst"}}
 
 
 @dataclass(frozen=True)
@@ -155,9 +166,11 @@ def export_key(home: Path, fingerprint: str) -> str:
 
 
 def build_deb(fields: dict[str, str], files: dict[str, tuple[str, int]], out_dir: Path,
-              work: Path, conffiles: tuple[str, ...] = ()) -> Path:
+              work: Path, conffiles: tuple[str, ...] = (),
+              scripts: dict[str, str] | None = None) -> Path:
     """out_dir/<Package>_<Version>_<Architecture>.deb from control fields (empty ones left
-    out; Installed-Size added) and files: path in the package -> (text, mode)."""
+    out; Installed-Size added), files: path in the package -> (text, mode), and maintainer
+    scripts: name (postinst, prerm ...) -> text."""
     name, version, arch = fields["Package"], fields["Version"], fields["Architecture"]
     root = work / f"{name}_{version}"
     for dest, (text, mode) in files.items():
@@ -172,6 +185,9 @@ def build_deb(fields: dict[str, str], files: dict[str, tuple[str, int]], out_dir
     (control / "control").write_text("".join(f"{k}: {v}\n" for k, v in fields.items() if v))
     if conffiles:
         (control / "conffiles").write_text("".join(f"{p}\n" for p in conffiles))
+    for script, text in (scripts or {}).items():
+        (control / script).write_text(text)
+        (control / script).chmod(0o755)
     for path in [root, *root.rglob("*")]:
         os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
@@ -243,8 +259,11 @@ def _inputs_digest(fingerprint: str) -> str:
 
 def _build_deb(name: str, version: str, out_dir: Path, work: Path) -> None:
     sources, depends, description = PACKAGES[name]
+    upstream = tuple(int(part) for part in version.split("-")[0].split(".")[:2])
     files = {}
     for source, (dest, mode) in sources.items():
+        if upstream < SINCE.get(source, (0, 0)):
+            continue
         text = (TOOLKIT_DIR / source).read_text()
         text = text.replace("@VERSION_CLI@", version.split("-")[0])
         files[dest] = (text.replace("@VERSION@", version.split("-")[0]), mode)
@@ -260,7 +279,10 @@ def _build_deb(name: str, version: str, out_dir: Path, work: Path) -> None:
         "Description": f"{description}\n SIMULATION: small scripts standing in for NVIDIA's "
         "programs, built by\n gpuprov/lab/pkgrepo.py; see gpuprov/lab/SIMULATION.md.",
     }
-    build_deb(fields, files, out_dir, work, tuple(CONFFILES.get(name, ())))
+    scripts = {script: (TOOLKIT_DIR / source).read_text()
+               for script, source in SCRIPTS.get(name, {}).items()
+               if upstream >= SINCE.get(source, (0, 0))}
+    build_deb(fields, files, out_dir, work, tuple(CONFFILES.get(name, ())), scripts)
 
 
 def build_repo(out_dir: Path) -> Repo:

@@ -69,18 +69,22 @@ Schema (schema_version 1; keys are always present, values may be null):
     packages        manager "dpkg" | "rpm" | null, error,
                     driver [{name, version, state, held}] (nvidia*, libnvidia*,
                       libcuda*, cuda*, kmod-/dkms-/firmware-nvidia*),
-                    cuda_toolkit [same shape] (a CUDA toolkit installed on the host)
+                    cuda_toolkit [same shape] (a CUDA toolkit installed on the host),
+                    runtime [same shape] (containerd, cri-o, docker-ce/docker.io)
     container_runtime
                     containerd {present, files [{path, error}] (load order),
                       import_merge (replace-plugin-tables | deep), version, runtimes
                       {name: {runtime_type, binary}}, default_runtime_name,
-                      nvidia_runtime, default_is_nvidia} (imports applied as containerd does),
+                      nvidia_runtime, default_is_nvidia, enable_cdi (null: not set),
+                      cdi_spec_dirs (null: not set)} (imports applied as containerd does),
                     docker {present, error, runtimes {name: {binary}},
                       default_runtime_name, nvidia_runtime, default_is_nvidia},
                     crio {present, files, runtimes, default_runtime_name,
                       nvidia_runtime, default_is_nvidia},
                     binaries {nvidia-container-runtime, nvidia-ctk, ...: path | null},
-                    cdi_specs [{path, kind, error}], sockets {containerd, docker, crio}
+                    cdi_specs [{path, kind, error, devices [names], driver_versions
+                      [the x.y.z of the driver libraries it mounts]}],
+                    sockets {containerd, docker, crio}
     summary         pci_gpu_count, nvml_gpu_count, nvml_healthy_gpu_count, gpu_node
 
 "nvidia_runtime" means a runtime named "nvidia" whose binary is

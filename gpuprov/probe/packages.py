@@ -26,9 +26,12 @@ CUDA_TOOLKIT_PACKAGE = re.compile(
     r"^(cuda|cuda-\d+-\d+|cuda-toolkit.*|nvidia-cuda-toolkit.*|nvidia-cuda-dev"
     r"|cuda-nvcc.*|cuda-compiler.*|cuda-libraries-dev.*|cuda-cudart-dev.*)$"
 )
+# The container runtime's package (its version decides whether it can inject CDI devices:
+# gpuprov/runtime_mode.py).
+RUNTIME_PACKAGE = re.compile(r"^(containerd(\.io)?|cri-o|docker-ce|docker\.io|moby-engine)$")
 DPKG_FORMAT = "${Package}\\t${Version}\\t${Status}\\n"
 RPM_FORMAT = "%{NAME}\\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\\t%{ARCH}\\n"
-RPM_PATTERNS = ("*nvidia*", "*cuda*")
+RPM_PATTERNS = ("*nvidia*", "*cuda*", "containerd*", "cri-o*", "docker-ce")
 VERSIONLOCK_FILES = (
     "/etc/dnf/plugins/versionlock.list",
     "/etc/yum/pluginconf.d/versionlock.list",
@@ -187,4 +190,5 @@ def collect(root: Root, run: Runner = run_command) -> dict:
     packages = found.pop("packages")
     found["driver"] = [p for p in packages if DRIVER_PACKAGE.search(p["name"])]
     found["cuda_toolkit"] = [p for p in packages if CUDA_TOOLKIT_PACKAGE.match(p["name"])]
+    found["runtime"] = [p for p in packages if RUNTIME_PACKAGE.match(p["name"])]
     return found

@@ -241,7 +241,7 @@ def collect_containerd(root: Root) -> dict:
             "present": False,
             "files": [],
             "import_merge": None,
-            **_summary({}, None, {"version": None}),
+            **_summary({}, None, {"version": None, "enable_cdi": None, "cdi_spec_dirs": None}),
         }
 
     def load(path: str) -> tuple[dict | None, dict]:
@@ -254,10 +254,17 @@ def collect_containerd(root: Root) -> dict:
     merged = containerd_cri_builtins(merged, mode)
     runtimes: dict = {}
     default = None
+    cdi: dict = {"enable_cdi": None, "cdi_spec_dirs": None}
     for keys in CONTAINERD_CRI_TABLES:
         table = _dig(merged, keys)
         if table is None:
             continue
+        # CDI settings live in the CRI plugin's own table (keys[:2]), beside `containerd`.
+        plugin = _dig(merged, keys[:2]) or {}
+        if cdi["enable_cdi"] is None and isinstance(plugin.get("enable_cdi"), bool):
+            cdi["enable_cdi"] = plugin["enable_cdi"]
+        if cdi["cdi_spec_dirs"] is None and isinstance(plugin.get("cdi_spec_dirs"), list):
+            cdi["cdi_spec_dirs"] = [d for d in plugin["cdi_spec_dirs"] if isinstance(d, str)]
         for name, spec in (table.get("runtimes") or {}).items():
             if isinstance(spec, dict):
                 options = spec.get("options") if isinstance(spec.get("options"), dict) else {}
@@ -270,7 +277,7 @@ def collect_containerd(root: Root) -> dict:
         "present": True,
         "files": files,
         "import_merge": mode,
-        **_summary(runtimes, default, {"version": merged.get("version")}),
+        **_summary(runtimes, default, {"version": merged.get("version"), **cdi}),
     }
 
 
@@ -312,28 +319,67 @@ def collect_crio(root: Root) -> dict:
 
 
 _CDI_KIND = re.compile(r'^kind:\s*["\']?([^"\'\s#]+)', re.MULTILINE)
+# A device's name in a YAML spec: `- name: X` one level under the top-level `devices:` list
+# (nvidia-ctk writes block YAML; other `name` keys of a spec, such as hooks', are
+# `hookName`).
+_CDI_DEVICE = re.compile(r'^[ ]*- name:\s*["\']?([^"\'\s#]+)["\']?\s*$', re.MULTILINE)
+_CDI_TOP_KEY = re.compile(r"^[A-Za-z]\w*:", re.MULTILINE)
+# The driver version in a mounted library's file name (libnvidia-ml.so.580.105.08).
+_DRIVER_LIBRARY = re.compile(r"lib(?:nvidia-ml|cuda)\.so\.(\d+\.\d+(?:\.\d+)?)")
+
+
+def _yaml_devices(text: str) -> list[str]:
+    """Device names of a YAML spec: the `- name:` items of its top-level devices list."""
+    start = re.search(r"^devices:\s*$", text, re.MULTILINE)
+    if start is None:
+        return []
+    rest = text[start.end():]
+    end = _CDI_TOP_KEY.search(rest)
+    block = rest[:end.start()] if end else rest
+    indents = [len(m.group(0)) - len(m.group(0).lstrip(" ")) for m in _CDI_DEVICE.finditer(block)]
+    if not indents:
+        return []
+    level = min(indents)  # the list's own items, not names nested deeper
+    return [m.group(1) for m in _CDI_DEVICE.finditer(block)
+            if len(m.group(0)) - len(m.group(0).lstrip(" ")) == level]
 
 
 def collect_cdi(root: Root) -> list[dict]:
+    """Every CDI spec in the runtimes' default spec directories: its kind, device names and
+    the driver versions of the libraries it mounts (a spec generated before a driver change
+    names the old one). Read without a YAML library (the probe runs on the node with the
+    standard library only): the fields gpuprov needs are plain scalars of nvidia-ctk's block
+    YAML."""
     specs = []
     for directory in CDI_DIRS:
         for path in root.glob(f"{directory}/*"):
             if not path.endswith((".yaml", ".yml", ".json")):
                 continue
-            text = root.read(path)
-            kind, error = None, None
-            if text is None:
-                error = "unreadable"
-            elif path.endswith(".json"):
-                try:
-                    kind = json.loads(text).get("kind")
-                except (ValueError, AttributeError) as exc:
-                    error = f"invalid JSON: {exc}"
-            else:  # no YAML parser in the stdlib; the kind is a top-level scalar
-                match = _CDI_KIND.search(text)
-                kind = match.group(1) if match else None
-            specs.append({"path": path, "kind": kind, "error": error})
+            specs.append(cdi_record(path, root.read(path)))
     return specs
+
+
+def cdi_record(path: str, text: str | None) -> dict:
+    """{path, kind, error, devices, driver_versions} of one spec file's text (None:
+    unreadable)."""
+    kind, error, devices = None, None, []
+    if text is None:
+        error = "unreadable"
+    elif path.endswith(".json"):
+        try:
+            doc = json.loads(text)
+            kind = doc.get("kind")
+            devices = [d.get("name") for d in doc.get("devices") or []
+                       if isinstance(d, dict) and isinstance(d.get("name"), str)]
+        except (ValueError, AttributeError) as exc:
+            error = f"invalid JSON: {exc}"
+    else:
+        match = _CDI_KIND.search(text)
+        kind = match.group(1) if match else None
+        devices = _yaml_devices(text)
+    versions = sorted(set(_DRIVER_LIBRARY.findall(text or "")))
+    return {"path": path, "kind": kind, "error": error, "devices": devices,
+            "driver_versions": versions}
 
 
 def collect_toolkit_config(root: Root) -> dict:

@@ -28,6 +28,10 @@ KUBECONFIG_VAR = "k8s_kubeconfig"  # the lab inventory and the roles that call t
 SERIES_KEY_VAR = "gpu_node_labels_series_key"  # gpu_node_labels role
 NODE_NAME_VAR = "gpu_node_labels_node_name"  # gpu_node_labels role: the Kubernetes node name
 SMOKE_IMAGE_VAR = "nvidia_device_plugin_smoke_image"  # nvidia_device_plugin role's smoke test
+# nvidia_container_toolkit role: how containers get GPUs (gpuprov/runtime_mode.py), and in
+# which runtime.
+TOOLKIT_MODE_VAR = "nvidia_container_toolkit_mode"
+TOOLKIT_RUNTIME_VAR = "nvidia_container_toolkit_runtime"
 DEFAULT_SERIES_KEY = "gputype"
 
 _VARS = (
@@ -36,7 +40,7 @@ _VARS = (
     "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_connection",
     "ansible_host_key_checking", "ansible_ssh_host_key_checking", "ansible_become",
     "ansible_become_user", BRANCH_VAR, SOURCE_VAR, KUBECONFIG_VAR, SERIES_KEY_VAR,
-    NODE_NAME_VAR, SMOKE_IMAGE_VAR,
+    NODE_NAME_VAR, SMOKE_IMAGE_VAR, TOOLKIT_MODE_VAR, TOOLKIT_RUNTIME_VAR,
 )
 
 
@@ -52,6 +56,8 @@ class Node:
     series_key: str = DEFAULT_SERIES_KEY
     k8s_name: str | None = None  # the Kubernetes node name, where it is not the inventory name
     smoke_image: str | None = None  # the image the role's smoke test uses (verify's default)
+    toolkit_mode: str | None = None  # None: auto
+    container_runtime: str | None = None  # None: containerd (the toolkit role's default)
 
     @property
     def node_name(self) -> str:
@@ -108,6 +114,8 @@ def node_from_vars(name: str, groups: set[str], hostvars: dict[str, Any],
         "series_key": _text(hostvars.get(SERIES_KEY_VAR)) or DEFAULT_SERIES_KEY,
         "k8s_name": _text(hostvars.get(NODE_NAME_VAR)),
         "smoke_image": _text(hostvars.get(SMOKE_IMAGE_VAR)),
+        "toolkit_mode": _text(hostvars.get(TOOLKIT_MODE_VAR)),
+        "container_runtime": _text(hostvars.get(TOOLKIT_RUNTIME_VAR)),
     }
     if str(hostvars.get("ansible_connection") or "") == "local":
         return Node(name=name, target=None, **common)

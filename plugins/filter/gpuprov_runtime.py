@@ -67,6 +67,7 @@ def gpuprov_containerd_nvidia(
     binary: str = "/usr/bin/nvidia-container-runtime",
     set_default: bool = False,
     containerd_version: Any = None,
+    cdi: bool = False,
 ) -> dict:
     rc = _runtime_config()
     if files is not None and not isinstance(files, Mapping):
@@ -81,6 +82,7 @@ def gpuprov_containerd_nvidia(
             binary=binary,
             set_default=bool(set_default),
             containerd_major=_major(containerd_version),
+            cdi=bool(cdi),
         )
     except rc.RuntimeConfigError as exc:
         raise AnsibleFilterError(str(exc)) from None

@@ -57,14 +57,18 @@ def toolkit_plan(settings: Any) -> dict:
         raise AnsibleFilterError(f"gpuprov_toolkit_plan: {exc}") from None
 
 
-def toolkit_work(state: Any, plan: Any, probe_packages: Any, apt_sources: Any = None) -> dict:
+def toolkit_work(state: Any, plan: Any, probe_packages: Any, apt_sources: Any = None,
+                 nvml: Any = None, driver_changed: Any = False) -> dict:
     if not (isinstance(state, Mapping) and isinstance(plan, Mapping)
             and isinstance(probe_packages, list)):
         raise AnsibleFilterError("gpuprov_toolkit_work expects the node's read, the plan and the "
                                  f"probe's package list, got {state!r}, {plan!r}, "
                                  f"{probe_packages!r}")
     try:
-        return _module("toolkit_plan").work(plan, state, probe_packages, apt_sources=apt_sources)
+        return _module("toolkit_plan").work(
+            plan, state, probe_packages, apt_sources=apt_sources,
+            nvml=nvml if isinstance(nvml, Mapping) else None,
+            driver_changed=_bool(driver_changed))
     except _module().ToolkitConfigError as exc:
         raise AnsibleFilterError(str(exc)) from None
 
@@ -94,12 +98,39 @@ _ROLE_SETTINGS = {
 }
 
 
+def node_modes(hosts: Any, hostvars: Mapping[str, Any]) -> dict[str, str]:
+    """{Kubernetes node name: cdi | legacy} of the GPU hosts: the mode the toolkit stage
+    applied in this run, else the same decision from the inventory's setting and the runtime
+    version the preflight's probe found (gpuprov/runtime_mode.py)."""
+    rm = _module("runtime_mode")
+    modes = {}
+    for host in hosts:
+        values = hostvars[host]
+        if not _bool(values.get("gpu_preflight_has_gpu", True)):
+            continue
+        name = str(values.get("gpu_node_labels_node_name") or host)
+        mode = values.get("nvidia_container_toolkit_mode_applied")
+        if mode not in (rm.CDI, rm.LEGACY):
+            probe = values.get("gpu_preflight_probe") or {}
+            runtime = str(values.get("nvidia_container_toolkit_runtime") or "containerd")
+            choice = rm.choose(values.get("nvidia_container_toolkit_mode"), runtime,
+                               rm.packaged_version(runtime, (probe.get("packages") or {})))
+            mode = choice.mode or rm.LEGACY
+        modes[name] = mode
+    return modes
+
+
 def device_list_problems(strategy: Any, hosts: Any, hostvars: Mapping[str, Any]) -> list[str]:
+    """The legacy strategy against the toolkit settings of the GPU hosts in legacy mode (CDI
+    nodes get the plugin's cdi config, which the toolkit's access keys do not gate)."""
     tc = _module()
+    modes = node_modes(hosts, hostvars)
     nodes = {}
     for host in hosts:
         values = hostvars[host]
         if not _bool(values.get("gpu_preflight_has_gpu", True)):
+            continue
+        if modes.get(str(values.get("gpu_node_labels_node_name") or host)) == "cdi":
             continue
         nodes[str(host)] = {key: _bool(values[var]) if var in values else tc.SECURE[key]
                             for var, key in _ROLE_SETTINGS.items()}
@@ -116,6 +147,7 @@ def _bool(value: Any) -> bool:
 class FilterModule:
     def filters(self) -> dict:
         return {"gpuprov_toolkit_config": toolkit_config,
+                "gpuprov_runtime_modes": node_modes,
                 "gpuprov_device_list_problems": device_list_problems,
                 "gpuprov_toolkit_plan": toolkit_plan,
                 "gpuprov_toolkit_work": toolkit_work,

@@ -97,14 +97,61 @@ def test_drifted_nodes_fail_their_check_alone_and_a_rerun_repairs_them(lab, conv
 
 # -- pods are containers in the node's containerd ------------------------------------------------
 
-def _pod(name: str, image: str, gpus: int, command: str) -> dict:
+def _pod(name: str, image: str, gpus: int, command: str, node: str = "gpu-pascal",
+         runtime_class: str | None = "nvidia") -> dict:
     limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"nodeName": "gpu-pascal", "restartPolicy": "Never",
-                     "runtimeClassName": "nvidia",
-                     "containers": [{"name": "main", "image": image,
-                                     "command": ["sh", "-c", command],
-                                     "resources": {"limits": limits}}]}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+           "spec": {"nodeName": node, "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": image,
+                                    "command": ["sh", "-c", command],
+                                    "resources": {"limits": limits}}]}}
+    if runtime_class:
+        pod["spec"]["runtimeClassName"] = runtime_class
+    return pod
+
+
+def _finished_log(core, name: str) -> str:
+    def done():
+        pod = core.read_namespaced_pod(name, "default")
+        return pod.status.phase if pod.status.phase in ("Succeeded", "Failed") else None
+
+    assert wait_for(done, f"pod {name} to finish", 60, 0.2) == "Succeeded"
+    return core.read_namespaced_pod_log(name, "default")
+
+
+def test_in_cdi_mode_containerd_itself_gives_a_pod_exactly_its_gpus(lab, converged,
+                                                                    node_connection):
+    """gpu-hopper (containerd 2.x, CDI mode): a pod without a RuntimeClass runs with runc;
+    the plugin's cdi-cri answer names CDI devices, which the node's real containerd resolves
+    from the plugin's spec into device nodes; NVML in the pod sees exactly those GPUs. A pod
+    that asked for none gets no NVIDIA device node and no NVML at all."""
+    core = client.CoreV1Api(kube_api(lab))
+    image = lab.require().pod_image
+    command = "nvidia-smi -L; ls /dev | grep '^nvidia' || true"
+    core.create_namespaced_pod("default", _pod("cdi-two", image, 2, command, "gpu-hopper", None))
+    core.create_namespaced_pod("default", _pod("cdi-none", image, 0,
+                                               "ls /dev | grep '^nvidia' || echo no-device; "
+                                               "nvidia-smi -L || echo no-smi",
+                                               "gpu-hopper", None))
+    try:
+        two = _finished_log(core, "cdi-two").split()
+        seen = [line for line in _finished_log(core, "cdi-two").splitlines()
+                if line.startswith("GPU ")]
+        assert len(seen) == 2, two
+        minors = sorted(w for w in two if w.startswith("nvidia") and w[6:].isdigit())
+        assert len(minors) == 2 and "nvidiactl" in two
+        # The plugin's spec, written on the node when the plugin started, resolved it.
+        spec = json.loads(node_connection("gpu-hopper").run(
+            "cat /var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json", hide=True,
+            in_stream=False).stdout)
+        assert spec["kind"] == "k8s.device-plugin.nvidia.com/gpu"
+        uuids = {line.split("UUID: ")[1].rstrip(")") for line in seen}
+        assert uuids <= {d["name"] for d in spec["devices"]}
+        none = _finished_log(core, "cdi-none")
+        assert "no-device" in none and "no-smi" in none and "GPU " not in none
+    finally:
+        for name in ("cdi-two", "cdi-none"):
+            core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
 
 
 def test_a_gpu_pod_is_a_container_run_by_nvidia_runtime_and_goes_with_the_pod(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import tomllib
+import yaml
 from conftest import BAD_SETTINGS, installed_packages, kube_api, playbook_failures
 from kubernetes import client
 
@@ -162,6 +163,45 @@ def test_gpu_hopper_runs_debian_13_with_r580_from_nvidias_repository(first_run,
     # The simulated NVML reports the driver that got installed (the node started at 550).
     smi = run("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
     assert smi.split() == ["580.105.08"] * 8
+
+
+# How each node's containers get GPUs (nvidia_container_toolkit_mode: auto): native CDI where
+# containerd can inject CDI devices (2.x on gpu-hopper), NVIDIA's runtime on containerd 1.6.
+RUNTIME_MODE = {"gpu-kepler": "legacy", "gpu-pascal": "legacy", "gpu-hopper": "cdi"}
+
+
+@pytest.mark.parametrize("node", GPU_NODES)
+def test_each_node_runs_the_mode_of_its_containerd(first_run, node_connection, lab, node):
+    conn = node_connection(node)
+
+    def run(command: str) -> str:
+        return conn.run(command, hide=True, in_stream=False).stdout
+
+    dump = tomllib.loads(run("containerd config dump"))["plugins"]
+    cri = dump["io.containerd.cri.v1.runtime" if CONTAINERD_MAJOR[node] == 2
+               else "io.containerd.grpc.v1.cri"]
+    cdi = RUNTIME_MODE[node] == "cdi"
+    assert cri["containerd"]["default_runtime_name"] == ("runc" if cdi else "nvidia")
+    assert "nvidia" in cri["containerd"]["runtimes"]  # the plugin's RuntimeClass
+    node_object = client.CoreV1Api(kube_api(lab)).read_node(node)
+    assert node_object.metadata.labels["nvidia.com/device-plugin.config"] == RUNTIME_MODE[node]
+    if not cdi:
+        return
+    assert cri["enable_cdi"] is True and "/var/run/cdi" in cri["cdi_spec_dirs"]
+    # The toolkit's own units keep the spec, which names each of the 8 GPUs by index and UUID
+    # (as NVML on the node enumerates them), for the installed driver.
+    assert run("systemctl is-enabled nvidia-cdi-refresh.path nvidia-cdi-refresh.service"
+               ).split() == ["enabled", "enabled"]
+    spec = yaml.safe_load(run("cat /var/run/cdi/nvidia.yaml"))
+    uuids = run("nvidia-smi --query-gpu=uuid --format=csv,noheader").split()
+    assert len(uuids) == GPU_COUNT[node]
+    names = [d["name"] for d in spec["devices"]]
+    assert spec["kind"] == "nvidia.com/gpu"
+    assert names == [str(i) for i in range(len(uuids))] + uuids + ["all"]
+    mounts = [m["hostPath"] for m in spec["containerEdits"]["mounts"]]
+    assert "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.105.08" in mounts
+    assert conn.run("test -e /etc/cdi/nvidia.yaml", warn=True, hide=True,
+                    in_stream=False).failed  # no second spec
 
 
 def test_gpus_are_allocatable_and_labels_are_as_specified(first_run, lab):

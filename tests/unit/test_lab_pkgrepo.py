@@ -83,6 +83,24 @@ def test_nvidia_ctk_writes_a_cdi_spec_of_the_simulated_gpus(tmp_path):
     stdout = subprocess.run([*ctk, "cdi", "generate"], env=env, check=True,
                             capture_output=True, text=True).stdout
     assert stdout == out.read_text()
+    # What the simulated GPUs stand on in a container: the lab's NVML under the real library's
+    # name, its configuration, the lab's nvidia-smi (where the node has them).
+    mounts = {m["containerPath"] for m in spec["containerEdits"].get("mounts") or []}
+    assert mounts <= {"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/etc/gpuprov-sim",
+                      "/usr/bin/nvidia-smi"}
+    # nvidia-cdi-refresh.service's way (the output path from the environment), and the device
+    # plugin's (its own vendor and class, UUID names, JSON).
+    refreshed = tmp_path / "run" / "nvidia.yaml"
+    subprocess.run([*ctk, "cdi", "generate"], check=True, capture_output=True,
+                   env={**env, "NVIDIA_CTK_CDI_OUTPUT_FILE_PATH": str(refreshed)})
+    assert refreshed.read_text() == out.read_text()
+    plugin = tmp_path / "run" / "k8s.device-plugin.nvidia.com-gpu.json"
+    subprocess.run([*ctk, "cdi", "generate", "--vendor=k8s.device-plugin.nvidia.com",
+                    "--class", "gpu", "--device-name-strategy=uuid", "--format=json",
+                    f"--output={plugin}"], env=env, check=True, capture_output=True)
+    doc = yaml.safe_load(plugin.read_text())
+    assert doc["kind"] == "k8s.device-plugin.nvidia.com/gpu"
+    assert [d["name"] for d in doc["devices"]] == [g.uuid for g in expected] + ["all"]
     # No NVML configuration: fails like nvidia-ctk on a node without a driver.
     failed = subprocess.run([*ctk, "cdi", "generate"], capture_output=True, text=True,
                             env={**env, "GPUPROV_SIM_DIR": str(tmp_path / "none")}, check=False)

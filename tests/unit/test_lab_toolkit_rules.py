@@ -135,3 +135,42 @@ def test_the_rules_take_the_same_toolkit_defaults_as_the_probe():
     from gpuprov.probe import runtime as probe_runtime
 
     assert rules.TOOLKIT_DEFAULTS == probe_runtime.TOOLKIT_KEYS
+
+
+def _rendered_plugin():
+    """gpuprov's own DaemonSet pod and named-config ConfigMap (templates/, role defaults)."""
+    from gpuprov import manifests
+
+    objects = {o["kind"]: o for o in manifests.device_plugin()}
+    template = objects["DaemonSet"]["spec"]["template"]
+    pod = {"metadata": {"namespace": objects["DaemonSet"]["metadata"]["namespace"]},
+           "spec": template["spec"]}
+    maps = {(objects["ConfigMap"]["metadata"]["namespace"],
+             objects["ConfigMap"]["metadata"]["name"]): objects["ConfigMap"]}
+    return pod, lambda ns, name: maps.get((ns, name))
+
+
+@pytest.mark.parametrize(("labels", "strategies"), [
+    ({"nvidia.com/device-plugin.config": "cdi"}, ("cdi-cri",)),
+    ({"nvidia.com/device-plugin.config": "legacy"}, ("volume-mounts",)),
+    ({}, ("volume-mounts",)),  # config-manager's DEFAULT_CONFIG
+])
+def test_the_node_label_picks_the_plugins_named_config(labels, strategies):
+    pod, config_map = _rendered_plugin()
+    settings = dp.settings_from_pod(pod, labels, config_map)
+    assert settings.strategies == strategies and settings.id_strategy == "uuid"
+    assert settings.cdi is (strategies == ("cdi-cri",))
+
+
+def test_a_label_naming_no_config_fails_as_config_manager_does():
+    pod, config_map = _rendered_plugin()
+    with pytest.raises(dp.AllocateError, match="specified config 'mig' does not exist"):
+        dp.settings_from_pod(pod, {"nvidia.com/device-plugin.config": "mig"}, config_map)
+
+
+def test_the_plugins_environment_wins_over_its_config_file():
+    pod, config_map = _rendered_plugin()
+    plugin = next(c for c in pod["spec"]["containers"] if c["name"] == "nvidia-device-plugin-ctr")
+    plugin["env"].append({"name": "DEVICE_LIST_STRATEGY", "value": "envvar"})
+    settings = dp.settings_from_pod(pod, {"nvidia.com/device-plugin.config": "cdi"}, config_map)
+    assert settings.strategies == ("envvar",)

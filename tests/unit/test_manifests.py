@@ -34,14 +34,23 @@ def by_kind(objects: list[dict]) -> dict[str, dict]:
     return {o["kind"]: o for o in objects}
 
 
-def test_defaults_give_runtime_class_and_daemonset():
+KINDS = ["RuntimeClass", "ConfigMap", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+         "DaemonSet"]
+
+
+def plugin_container(pod: dict) -> dict:
+    return next(c for c in pod["containers"] if c["name"] == "nvidia-device-plugin-ctr")
+
+
+def test_defaults_give_runtime_class_configs_and_daemonset():
     objects = manifests.device_plugin()
-    assert [o["kind"] for o in objects] == ["RuntimeClass", "DaemonSet"]
-    rc, ds = objects
+    assert [o["kind"] for o in objects] == KINDS
+    found = by_kind(objects)
+    rc, ds = found["RuntimeClass"], found["DaemonSet"]
     assert rc["metadata"]["name"] == "nvidia" and rc["handler"] == "nvidia"
     assert ds["metadata"]["namespace"] == "kube-system"
     pod = ds["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
+    container = plugin_container(pod)
     assert container["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod["priorityClassName"] == "system-node-critical"
@@ -53,40 +62,66 @@ def test_defaults_give_runtime_class_and_daemonset():
     assert container["securityContext"] == {"allowPrivilegeEscalation": False,
                                             "capabilities": {"drop": ["ALL"],
                                                              "add": ["SYS_ADMIN"]}}
+    # The settings are in the config files only: the plugin lets its environment win.
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert env == {"FAIL_ON_INIT_ERROR": "true", "DEVICE_LIST_STRATEGY": "volume-mounts",
-                   "DEVICE_ID_STRATEGY": "uuid", "MIG_STRATEGY": "none"}
+    assert env["CONFIG_FILE"] == "/config/config.yaml"
+    assert not {"DEVICE_LIST_STRATEGY", "DEVICE_ID_STRATEGY", "MIG_STRATEGY"} & set(env)
     assert pod["volumes"][0]["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
     assert container["volumeMounts"][0]["mountPath"] == "/var/lib/kubelet/device-plugins"
+
+
+def test_one_named_config_per_runtime_mode_chosen_by_the_node_label():
+    found = by_kind(manifests.device_plugin())
+    configs = {name: yaml.safe_load(text)
+               for name, text in found["ConfigMap"]["data"].items()}
+    assert set(configs) == {"legacy", "cdi"}
+    assert configs["legacy"]["flags"]["plugin"]["deviceListStrategy"] == ["volume-mounts"]
+    assert configs["cdi"]["flags"]["plugin"]["deviceListStrategy"] == ["cdi-cri"]
+    for config in configs.values():
+        assert config["version"] == "v1" and "sharing" not in config
+        assert config["flags"]["migStrategy"] == "none"
+        assert config["flags"]["plugin"]["deviceIDStrategy"] == "uuid"
+    pod = found["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == found["ServiceAccount"]["metadata"]["name"]
+    assert pod["shareProcessNamespace"] is True
+    managers = pod["initContainers"] + [c for c in pod["containers"]
+                                        if c["command"] == ["config-manager"]]
+    assert len(managers) == 2
+    for manager in managers:
+        env = {e["name"]: e.get("value") for e in manager["env"]}
+        assert env["NODE_LABEL"] == "nvidia.com/device-plugin.config"
+        assert env["DEFAULT_CONFIG"] == "legacy"
+        assert env["CONFIG_FILE_DST"] == plugin_container(pod)["env"][0]["value"]
+        assert manager["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert {m["mountPath"] for m in plugin_container(pod)["volumeMounts"]} >= {
+        "/var/run/cdi", "/driver-root", "/config"}
+    # config-manager may read nodes, nothing else.
+    assert found["ClusterRole"]["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
 
 
 def test_envvar_strategy_keeps_every_capability_dropped(tmp_path):
     path = tmp_path / "values.yml"
     path.write_text("nvidia_device_plugin_device_list_strategy: envvar\n")
     ds = by_kind(manifests.device_plugin(path))["DaemonSet"]
-    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    container = plugin_container(ds["spec"]["template"]["spec"])
     assert container["securityContext"] == {"allowPrivilegeEscalation": False,
                                             "capabilities": {"drop": ["ALL"]}}
 
 
-def test_time_slicing_adds_the_config_map_passed_with_config_file(tmp_path):
+def test_time_slicing_goes_into_every_named_config(tmp_path):
     objects = by_kind(manifests.device_plugin(values_file(tmp_path, TIME_SLICED)))
-    assert list(objects) == ["RuntimeClass", "ConfigMap", "DaemonSet"]
-    config = yaml.safe_load(objects["ConfigMap"]["data"]["config.yaml"])
-    assert config["version"] == "v1"
-    assert config["flags"]["migStrategy"] == "mixed"
-    assert config["sharing"]["timeSlicing"]["resources"] == [
-        {"name": "nvidia.com/gpu", "replicas": 4}]
+    assert list(objects) == KINDS
+    for text in objects["ConfigMap"]["data"].values():
+        config = yaml.safe_load(text)
+        assert config["flags"]["migStrategy"] == "mixed"
+        assert config["sharing"]["timeSlicing"]["resources"] == [
+            {"name": "nvidia.com/gpu", "replicas": 4}]
     ds = objects["DaemonSet"]
     assert ds["metadata"]["namespace"] == objects["ConfigMap"]["metadata"]["namespace"] == \
         "gpu-system"
     pod = ds["spec"]["template"]["spec"]
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
-    assert env["CONFIG_FILE"] == "/etc/nvidia-device-plugin/config.yaml"
-    assert env["MIG_STRATEGY"] == "mixed"
-    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
-    assert mounts["config"] == "/etc/nvidia-device-plugin"
-    volume = next(v for v in pod["volumes"] if v["name"] == "config")
+    volume = next(v for v in pod["volumes"] if v["name"] == "available-configs")
     assert volume["configMap"]["name"] == objects["ConfigMap"]["metadata"]["name"]
 
 
@@ -137,13 +172,13 @@ def _all_objects(tmp_path: Path) -> list[dict]:
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_every_manifest_validates_against_the_strict_official_schema(version, tmp_path):
     objects = _all_objects(tmp_path)
-    assert len(objects) == 7
+    assert len(objects) == 2 * len(KINDS) + 2
     for obj in objects:
         assert kubernetes_validate.validate(obj, version, strict=True) == version
 
 
 def test_the_schema_check_is_not_vacuous():
-    ds = manifests.device_plugin()[1]
+    ds = by_kind(manifests.device_plugin())["DaemonSet"]
     ds["spec"]["template"]["spec"]["containers"][0]["envv"] = []
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(ds, "1.33", strict=True)
@@ -191,7 +226,7 @@ def test_cli_prints_the_objects_as_multi_document_yaml(capsys):
 def test_cli_with_values(tmp_path, capsys):
     assert cli.main(["manifests", "--values", str(values_file(tmp_path, TIME_SLICED))]) == 0
     kinds = [o["kind"] for o in yaml.safe_load_all(capsys.readouterr().out)]
-    assert kinds == ["RuntimeClass", "ConfigMap", "DaemonSet"]
+    assert kinds == KINDS
 
 
 @pytest.mark.parametrize("content,message", [

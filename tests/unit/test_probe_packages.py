@@ -48,6 +48,17 @@ def test_dpkg_driver_packages_versions_and_holds():
     assert _names(doc["cuda_toolkit"]) == ["nvidia-cuda-toolkit"]
 
 
+def test_the_container_runtime_package_is_listed():
+    """Its version decides whether the runtime can inject CDI devices (runtime_mode)."""
+    lines = ("containerd\t2.1.9~ds1-1\tinstall ok installed\n"
+             "containerd-shim-runc-v2\t1.0\tinstall ok installed\n"
+             "cri-o-runc\t1.1\tinstall ok installed\n"
+             "nvidia-container-toolkit\t1.20.0-1\thold ok installed\n")
+    doc = packages.collect(Root(str(FIXTURES / "roots" / "gpu-node")), lambda argv: (0, lines, ""))
+    assert doc["runtime"] == [{"name": "containerd", "version": "2.1.9~ds1-1",
+                               "state": "installed", "held": False}]
+
+
 def test_dpkg_query_failure_is_data():
     root = Root(str(FIXTURES / "roots" / "gpu-node"))
     doc = packages.collect(root, lambda argv: (2, "", "dpkg-query: error: database locked\n"))
@@ -57,7 +68,8 @@ def test_dpkg_query_failure_is_data():
 
 def test_no_package_manager():
     doc = packages.collect(Root(str(FIXTURES / "roots" / "cpu-only")), lambda argv: 1 / 0)
-    assert doc == {"manager": None, "error": None, "driver": [], "cuda_toolkit": []}
+    assert doc == {"manager": None, "error": None, "driver": [], "cuda_toolkit": [],
+                   "runtime": []}
 
 
 def test_rpm_packages_with_dnf_versionlock(tmp_path):

@@ -171,8 +171,10 @@ def test_binaries_and_cdi_specs():
         "nvidia-container-runtime-hook": None,
     }
     assert doc["cdi_specs"] == [
-        {"path": "/etc/cdi/nvidia.yaml", "kind": "nvidia.com/gpu", "error": None},
-        {"path": "/var/run/cdi/fpga.json", "kind": "example.com/fpga", "error": None},
+        {"path": "/etc/cdi/nvidia.yaml", "kind": "nvidia.com/gpu", "error": None,
+         "devices": ["0"], "driver_versions": []},
+        {"path": "/var/run/cdi/fpga.json", "kind": "example.com/fpga", "error": None,
+         "devices": [], "driver_versions": []},
     ]
     assert doc["sockets"] == {"containerd": True, "docker": False, "crio": False}
 

@@ -22,6 +22,9 @@ NO_BACKUP = {
     # NVIDIA's repository key as downloaded (ASCII armour), replaced when NVIDIA rotates it:
     # a backup of an old key is never wanted back; the keyring made from it is apt's config.
     "{{ __nvidia_container_toolkit_plan.key_source }}",
+    # The copy IS the backup: of the second CDI spec earlier releases wrote to /etc/cdi, kept
+    # out of /etc/cdi before the role removes it (roles/nvidia_container_toolkit/tasks/cdi.yml).
+    "/var/backups/gpuprov-etc-cdi-nvidia.yaml",
 }
 
 

@@ -355,3 +355,33 @@ def test_the_models_built_ins_are_containerds(suite, version, tmp_path):
     named = _cri(dump({"version": version, "plugins": {plugin_id: {"containerd": builtin}}}),
                  containerd.major)
     assert _nonzero(named) == _nonzero(_cri(plain, containerd.major))
+
+
+# -- CDI mode (gpuprov/runtime_mode.py): containerd >= 1.7 -----------------------------------
+
+@pytest.mark.parametrize("admin_dirs", [None, ["/etc/cdi"]])
+def test_cdi_mode_enables_cdi_and_keeps_runc_the_default(containerd, admin_dirs, tmp_path):
+    """On the real 1.7 and 2.x binaries: CDI on in the CRI plugin containerd loads, runc stays
+    the default runtime (nvidia only by RuntimeClass), /var/run/cdi among the spec dirs (an
+    admin's own list kept, gaining it)."""
+    if containerd.version.startswith("1.6"):
+        pytest.skip("containerd 1.6 has no CDI: runtime_mode never picks cdi for it")
+    text = (CACHE / containerd.suite / "etc" / "containerd" / "config.toml").read_text()
+    if admin_dirs is not None:
+        doc = tomlkit.parse(text)
+        table = "io.containerd.cri.v1.runtime" if _version(text) == 3 else \
+            "io.containerd.grpc.v1.cri"
+        doc.setdefault("plugins", {}).setdefault(table, {})["cdi_spec_dirs"] = admin_dirs
+        text = tomlkit.dumps(doc)
+    before = containerd.dump(_original(tmp_path, text))
+    assert before is not None
+    _merge_on_disk(tmp_path, text, containerd.major, cdi=True)
+    plugin = containerd.dump(tmp_path / "config.toml")["plugins"][CRI_LOADED[containerd.major]]
+    assert plugin["enable_cdi"] is True
+    assert plugin["containerd"]["default_runtime_name"] == "runc"
+    assert "nvidia" in plugin["containerd"]["runtimes"]
+    assert plugin["cdi_spec_dirs"] == (["/etc/cdi", "/var/run/cdi"])
+    # Without cdi, the merge leaves CDI as the config had it (1.7 off, 2.x on by default).
+    _merge_on_disk(tmp_path, text, containerd.major)
+    plugin = containerd.dump(tmp_path / "config.toml")["plugins"][CRI_LOADED[containerd.major]]
+    assert plugin["enable_cdi"] is (containerd.major >= 2)

@@ -308,10 +308,32 @@ def test_visible_devices(library, tmp_path, visible, physical):
     }
 
 
-# -- real node state: installed driver, nvidia-persistenced ----------------------------------
+# -- real node state: installed driver, nvidia-persistenced, device nodes ---------------------
 def _with_node_root(node: Path, root: Path) -> None:
     conf = node / "sim" / "nvml.conf"
     conf.write_text(f"node_root = {root}\n" + conf.read_text())
+
+
+@pytest.mark.parametrize(("devices", "physical"), [
+    (["nvidiactl", "nvidia0", "nvidia1", "nvidia2", "nvidia3"], [0, 1, 2, 3]),  # a node
+    (["nvidiactl", "nvidia3", "nvidia1"], [1, 3]),  # a container given two GPUs (CDI)
+    (["nvidiactl"], []),  # the control device alone: no GPU
+    (["nvidia2"], [0, 1, 2, 3]),  # no nvidiactl: the test machine's rule, every GPU
+])
+def test_visibility_follows_the_device_nodes(library, tmp_path, devices, physical):
+    node = make_node(tmp_path, "gpu-pascal")
+    want = expected(node, "gpu-pascal")
+    root = tmp_path / "root"
+    (root / "dev").mkdir(parents=True)
+    for name in devices:
+        (root / "dev" / name).write_text("")  # stat() is all the library asks
+    _with_node_root(node, root)
+    doc = query(library, node, uuids=[g.uuid for g in want])
+    assert [g["minor_number"] for g in doc["gpus"]] == physical
+    assert [g["index"] for g in doc["gpus"]] == list(range(len(physical)))
+    # The runtime's variable, where set (legacy mode), decides instead.
+    doc = query(library, node, GPUPROV_SIM_CONTAINER_GPUS="all")
+    assert doc["count"] == 4
 
 
 def test_installed_driver_version_wins(library, tmp_path):

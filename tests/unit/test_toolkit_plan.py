@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
+from test_runtime_mode import SPEC
 
 from gpuprov import toolkit_plan
 
@@ -46,7 +47,8 @@ def test_the_plan_pins_all_four_packages_and_names_the_files(toolkit):
         "/etc/apt/sources.list.d/nvidia-container-toolkit.sources",
         "/etc/containerd/conf.d/99-nvidia.toml"]
     assert plan["read_configs"] == ["/etc/containerd/config.toml",
-                                    "/etc/nvidia-container-runtime/config.toml"]
+                                    "/etc/nvidia-container-runtime/config.toml",
+                                    "/var/run/cdi/nvidia.yaml"]
     assert plan["key_source"] == "/usr/share/keyrings/nvidia-container-toolkit-keyring.asc"
     assert plan["problem"] is None
 
@@ -56,7 +58,8 @@ def test_dnf_and_docker_nodes_write_and_read_other_files(toolkit):
                                           version="1.18.1-1"))
     assert plan["install_names"][0] == "nvidia-container-toolkit-1.18.1-1"
     assert plan["written_files"] == []
-    assert plan["read_configs"] == ["/etc/nvidia-container-runtime/config.toml"]
+    assert plan["read_configs"] == ["/etc/nvidia-container-runtime/config.toml",
+                                    "/var/run/cdi/nvidia.yaml"]
 
 
 @pytest.mark.parametrize("overrides, expected", [
@@ -92,7 +95,10 @@ def test_a_converged_node_leaves_no_work(toolkit):
                     "apt_sources_current": True, "missing": [], "unheld": [],
                     "containerd_text": "version = 2\n",
                     "config": {"text": state["contents"][plan["read_configs"][1]],
-                               "changed": False}}
+                               "changed": False},
+                    # containerd 1.6: no CDI, so NVIDIA's runtime as the default.
+                    "mode": "legacy", "mode_reason": "containerd 1.6 cannot inject CDI devices",
+                    "set_default": True, "cdi_refresh": False}
     assert toolkit.toolkit_repository(work, True, False) == {"dearmor_needed": False,
                                                              "work": False}
 
@@ -159,3 +165,37 @@ def test_a_toolkit_config_that_is_not_toml_is_one_clear_error(toolkit):
              "contents": {plan["read_configs"][1]: "[nvidia-container-cli\n"}}
     with pytest.raises(AnsibleFilterError, match="config.toml"):
         toolkit.toolkit_work(state, plan, [])
+
+
+# nvidia-ctk's block YAML of one GPU, for driver 580.105.08 (test_runtime_mode.py).
+SPEC_TEXT = SPEC
+NVML = {"driver_version": "580.105.08", "gpus": [{"index": 0, "uuid": "GPU-aaaa", "error": None}]}
+
+
+@pytest.mark.parametrize(("text", "nvml", "driver_changed", "refresh"), [
+    (SPEC_TEXT, NVML, False, False),  # current
+    (None, NVML, False, True),  # no spec
+    (None, NVML, True, True),  # no spec, whatever the driver stage did
+    (SPEC_TEXT, {**NVML, "driver_version": "590.44.01"}, False, True),  # another driver
+    (SPEC_TEXT, {**NVML, "driver_version": "590.44.01"}, True, False),  # refreshed by it
+    (SPEC_TEXT, {**NVML, "gpus": [*NVML["gpus"], {"index": 1, "uuid": "GPU-bbbb"}]}, False,
+     True),  # a GPU it does not name
+])
+def test_the_cdi_spec_is_refreshed_only_when_it_is_not_current(text, nvml, driver_changed,
+                                                               refresh):
+    from gpuprov import toolkit_plan
+
+    assert toolkit_plan.cdi_refresh(text, nvml, driver_changed) is refresh
+
+
+def test_cdi_mode_on_containerd_2_is_not_the_default_runtime(toolkit):
+    plan = toolkit.toolkit_plan(_settings())
+    state = {"version": {"rc": 0, "output": "containerd github.com/containerd/containerd/v2 "
+                                            "2.1.9+unknown"},
+             "files": [], "contents": {}, "unreadable": []}
+    work = toolkit.toolkit_work(state, plan, [], apt_sources=SOURCES, nvml=NVML)
+    assert (work["mode"], work["set_default"], work["cdi_refresh"]) == ("cdi", False, True)
+    plan = toolkit.toolkit_plan({**_settings(), "mode": "cdi"})
+    state["version"]["output"] = "containerd github.com/containerd/containerd 1.6.20"
+    problem = toolkit.toolkit_work(state, plan, [], apt_sources=SOURCES)["runtime_problem"]
+    assert "containerd 1.6 cannot inject CDI devices" in problem

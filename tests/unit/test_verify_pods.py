@@ -8,7 +8,7 @@ import os
 import stat
 
 import pytest
-from kubernetes import client
+from kubernetes import client, utils
 
 from gpuprov import manifests
 from gpuprov.lab.kube import faults
@@ -62,11 +62,7 @@ def cluster(backend, state_dir, bindir):
 
 
 def _create(api_client, obj: dict) -> None:
-    if obj["kind"] == "RuntimeClass":
-        client.NodeV1Api(api_client).create_runtime_class(obj)
-    else:
-        client.AppsV1Api(api_client).create_namespaced_daemon_set(
-            obj["metadata"]["namespace"], obj)
+    utils.create_from_dict(api_client, obj)
 
 
 @pytest.fixture(scope="module")

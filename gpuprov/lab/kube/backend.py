@@ -122,6 +122,10 @@ class NodeBackend(Protocol):
         """The pod has finished: stop its sandbox (its containers stay for their logs)."""
     def collect(self, node: str, alive: set[str]) -> None:
         """Remove the sandboxes and containers of pods that are not in `alive` (UIDs)."""
+    def write_cdi_spec(self, node: str, vendor: str, cls: str, id_strategy: str,
+                       path: str) -> str | None:
+        """Write a CDI spec of the node's GPUs (names by id_strategy) at `path` on the node;
+        the problem, or None."""
 
 
 class LocalProcess:
@@ -225,6 +229,7 @@ class FakeBackend:
         self.node_map = nodes
         self.started: list[tuple[str, list[str], dict[str, str]]] = []
         self.stopped_pods: list[str] = []
+        self.cdi_specs: list[tuple[str, str, str, str]] = []
         self._count = 0
 
     def nodes(self) -> list[NodeSpec]:
@@ -263,6 +268,11 @@ class FakeBackend:
 
     def stop_pod(self, node: str, uid: str) -> None:
         self.stopped_pods.append(uid)
+
+    def write_cdi_spec(self, node: str, vendor: str, cls: str, id_strategy: str,
+                       path: str) -> str | None:
+        self.cdi_specs.append((node, f"{vendor}/{cls}", id_strategy, path))
+        return None
 
     def collect(self, node: str, alive: set[str]) -> None:
         pass
@@ -458,6 +468,22 @@ class LabBackend:
             if known is None:
                 known = self._sandboxes[key] = client.run_sandbox(request)
         return known
+
+    def write_cdi_spec(self, node: str, vendor: str, cls: str, id_strategy: str,
+                       path: str) -> str | None:
+        """With the node's own nvidia-ctk (the lab's stand-in: NVML through the node's
+        library, nvcdi's naming), as the plugin's nvcdi would from its container."""
+        try:
+            proc = self._podman("exec", self.containers[node], "nvidia-ctk", "cdi", "generate",
+                                f"--vendor={vendor}", f"--class={cls}",
+                                f"--device-name-strategy={id_strategy}", "--format=json",
+                                f"--output={path}", timeout=30)
+        except subprocess.TimeoutExpired:
+            return "nvidia-ctk did not answer in 30 s"
+        if proc.returncode != 0:
+            return (proc.stderr.decode(errors="replace").strip() or
+                    f"nvidia-ctk exited {proc.returncode}")[-300:]
+        return None
 
     def stop_pod(self, node: str, uid: str) -> None:
         with self._lock:

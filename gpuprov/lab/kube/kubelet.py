@@ -163,6 +163,7 @@ class Kubelet:
         run = PodRun(meta["uid"], meta["namespace"], meta["name"], gpus)
         if is_device_plugin(pod):
             run.simulated = True
+            self._plugin_cdi_spec(pod)
             return run
         node_gpus = [g.uuid for g in self.cluster.gpus_of(self.name)]
         answer = self._plugin_allocate(gpus, node_gpus) if gpus else None
@@ -213,6 +214,30 @@ class Kubelet:
             self.container_env(pod, c),
             privileged=toolkit_rules.is_privileged(self.security_context(pod, c)))
 
+    def _plugin_settings(self, plugin: dict) -> deviceplugin.Settings:
+        """The plugin pod's settings as it reads them on this node (raises AllocateError)."""
+        node = self.cluster.registry.find(NODES, "", self.name) or {}
+        return deviceplugin.settings_from_pod(
+            plugin, node.get("metadata", {}).get("labels") or {},
+            lambda ns, name: self.cluster.registry.find(R["ConfigMap"], ns, name))
+
+    def _plugin_cdi_spec(self, plugin: dict) -> None:
+        """A plugin with a CDI strategy writes the spec of its devices when it starts (the
+        real one from NVML through nvcdi; here the node's nvidia-ctk, the same library's
+        command): the node's runtime resolves the names Allocate returns from it."""
+        try:
+            settings = self._plugin_settings(plugin)
+        except deviceplugin.AllocateError:
+            return  # Allocate reports it for every pod
+        if not settings.cdi:
+            return
+        problem = self.backend.write_cdi_spec(self.name, deviceplugin.CDI_VENDOR,
+                                              deviceplugin.CDI_CLASS, settings.id_strategy,
+                                              deviceplugin.CDI_SPEC)
+        if problem:
+            self.cluster.event(plugin, "CDISpecFailed",
+                               f"failed to create CDI spec file: {problem}", "Warning")
+
     def _plugin_allocate(self, gpus: list[str],
                          node_gpus: list[str]) -> deviceplugin.AllocateResponse | str:
         """The node's device plugin's Allocate answer for these GPUs (of the node's, in NVML
@@ -223,7 +248,7 @@ class Kubelet:
         if plugin is None:
             return "no device plugin runs on the node"
         try:
-            settings = deviceplugin.settings_from_pod(plugin)
+            settings = self._plugin_settings(plugin)
         except deviceplugin.AllocateError as exc:
             return f"device plugin: {exc}"
         return deviceplugin.allocate(settings, gpus, node_gpus)

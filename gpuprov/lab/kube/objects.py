@@ -19,6 +19,14 @@ def is_device_plugin(pod: dict) -> bool:
                for c in pod["spec"].get("containers") or [])
 
 
+def device_plugin_container(pod: dict) -> dict:
+    """The container that runs the plugin itself (not NVIDIA's config-manager sidecar, which
+    comes in the same image)."""
+    containers = pod["spec"].get("containers") or []
+    return next((c for c in containers if DEVICE_PLUGIN_IMAGE in str(c.get("image", ""))
+                 and "config-manager" not in (c.get("command") or [])), containers[0])
+
+
 def owned_by(obj: dict, uid: str) -> bool:
     return any(r.get("uid") == uid for r in obj["metadata"].get("ownerReferences") or [])
 

@@ -94,6 +94,10 @@ RESOURCES: tuple[ResourceType, ...] = (
                  ("pdb",), (STATUS,)),
     ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True),
+    # Stored and served, not enforced: the emulated API server authorises every request.
+    ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
+    ResourceType("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
+                 False),
 )
 
 BY_KEY = {r.key: r for r in RESOURCES}

@@ -12,8 +12,9 @@
  *              NVML index order (written by gpuprov/lab/simhw.py; keys listed in GLOBAL_KEYS
  *              and parse_gpu_key below). No nvml.conf: nvmlInit says the driver is not loaded.
  *   faults     one "name [gpu-index]" per line (registry: gpuprov/lab/faults.py).
- * Environment: GPUPROV_SIM_CONTAINER_GPUS filters and re-indexes GPUs as a container given
- * those GPUs by NVIDIA's container runtime would see them. The lab's kubelet sets it from
+ * Visible GPUs: by /dev/nvidia<minor> device nodes, or GPUPROV_SIM_CONTAINER_GPUS
+ * (apply_visible_devices). GPUPROV_SIM_CONTAINER_GPUS filters and re-indexes GPUs as a container
+ * given those GPUs by NVIDIA's container runtime would see them. The lab's kubelet sets it from
  * NVIDIA's rules (gpuprov/lab/toolkit_rules.py), standing in for the /dev/nvidia<N> device
  * nodes the real runtime mounts: a container's own NVIDIA_VISIBLE_DEVICES is only a request,
  * which the runtime may refuse, so the library does not read it.
@@ -569,18 +570,39 @@ static int persistence_enabled(const struct sim_state *st)
     return pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM);
 }
 
-/* GPUPROV_SIM_CONTAINER_GPUS, the GPUs a container was given: unset (the host) or "all": every GPU;
- * "", "none" or "void": none; else a comma list of indices or UUIDs. The GPUs keep PCI
- * order and are re-indexed from 0. Entries that match no GPU are ignored. */
+/* Whether <node_root>/dev/<name> exists. */
+static int device_node_exists(const struct sim_state *st, const char *name)
+{
+    char path[PATH_MAX];
+    struct stat sb;
+    const char *root = strcmp(st->node_root, "/") ? st->node_root : "";
+    return snprintf(path, sizeof path, "%s/dev/%s", root, name) < (int)sizeof path
+           && stat(path, &sb) == 0;
+}
+
+/* Which GPUs this process sees.
+ * GPUPROV_SIM_CONTAINER_GPUS set (by the lab's nvidia-container-runtime in legacy mode): "all":
+ * every GPU; "", "none" or "void": none; else a comma list of indices or UUIDs. Entries that
+ * match no GPU are ignored.
+ * Unset: by device nodes, as the real driver (a process opens /dev/nvidia<minor> for each GPU
+ * it uses): where /dev/nvidiactl exists (a lab node, whose gpuprov-sim-devices.service makes
+ * the nodes, or a container given GPUs through CDI, whose spec names them), the GPUs whose
+ * /dev/nvidia<minor> exists. SIMULATION: without /dev/nvidiactl (the machine running the
+ * tests, which has no NVIDIA device) every GPU, where the real library would fail to init.
+ * The GPUs keep PCI order and are re-indexed from 0. */
 static void apply_visible_devices(struct sim_state *st)
 {
     const char *env = getenv("GPUPROV_SIM_CONTAINER_GPUS");
     char list[1024];
     char *save = NULL;
     int all = !env || !strcmp(env, "all");
+    int by_nodes = !env && device_node_exists(st, "nvidiactl");
 
-    for (unsigned int i = 0; i < st->ngpus; i++)
-        st->gpus[i].visible = all;
+    for (unsigned int i = 0; i < st->ngpus; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "nvidia%u", st->gpus[i].minor_number);
+        st->gpus[i].visible = by_nodes ? device_node_exists(st, name) : all;
+    }
     if (!all && strcmp(env, "none") && strcmp(env, "void") && strlen(env) < sizeof list) {
         memcpy(list, env, strlen(env) + 1);
         for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {

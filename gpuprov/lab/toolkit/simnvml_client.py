@@ -9,17 +9,46 @@ from __future__ import annotations
 
 import ctypes
 
+# What the lab injects into a container given GPUs, in both modes (the legacy runtime
+# stand-in, and the CDI spec the lab's nvidia-ctk writes): the simulated NVML under the name
+# and path the real driver's libnvidia-ml.so.1 has, its configuration, and the lab's
+# nvidia-smi. (source on the node, path in the container), each mounted read-only.
+SIM_MOUNTS = (
+    ("/opt/gpuprov-sim/lib/libnvidia-ml.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
+    ("/etc/gpuprov-sim", "/etc/gpuprov-sim"),
+    ("/opt/gpuprov-sim/bin/nvidia-smi", "/usr/bin/nvidia-smi"),
+)
+
 
 class NvmlError(RuntimeError):
     """NVML could not be loaded or answered an error; the message says which call."""
 
 
-def gpus() -> list[tuple[int, str, int]]:
-    """[(index, UUID, minor number)] of every GPU NVML enumerates, in index order."""
+def driver_version() -> str:
+    """The driver version NVML reports (nvmlSystemGetDriverVersion)."""
+    nvml = _load()
+    ret = nvml.nvmlInit_v2()
+    if ret != 0:
+        raise NvmlError(f"failed to initialize NVML: error {ret}")
     try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        version = ctypes.create_string_buffer(80)
+        if nvml.nvmlSystemGetDriverVersion(version, 80) != 0:
+            raise NvmlError("failed to get the driver version")
+        return version.value.decode()
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _load() -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL("libnvidia-ml.so.1")
     except OSError as exc:
         raise NvmlError(f"failed to load NVML: {exc}") from None
+
+
+def gpus() -> list[tuple[int, str, int]]:
+    """[(index, UUID, minor number)] of every GPU NVML enumerates, in index order."""
+    nvml = _load()
     ret = nvml.nvmlInit_v2()
     if ret != 0:
         raise NvmlError(f"failed to initialize NVML: error {ret}")

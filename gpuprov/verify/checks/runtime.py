@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from gpuprov import runtime_mode
 from gpuprov import toolkit_advisories as advisories
 from gpuprov.verify.facts import NodeFacts
-from gpuprov.verify.findings import Verdict, check, passed, problem
+from gpuprov.verify.findings import PASS, Verdict, check, passed, problem
 
 RUNTIMES = ("containerd", "crio", "docker")
 
@@ -13,11 +14,69 @@ RUNTIMES = ("containerd", "crio", "docker")
     "runtime.nvidia",
     phase="node",
     severity="error",
-    description="the container runtime (containerd, CRI-O or Docker) has NVIDIA's runtime",
+    description="the container runtime gives containers GPUs in the node's mode "
+    "(gpuprov/runtime_mode.py): cdi, CDI enabled and the toolkit's spec in /var/run/cdi naming "
+    "every GPU by index and UUID for the installed driver; legacy, NVIDIA's runtime in "
+    "containerd, CRI-O or Docker",
     remediation="re-run the nvidia_container_toolkit role (ansible-playbook site.yml "
-    "--limit NODE), or nvidia-ctk runtime configure --runtime=containerd",
+    "--limit NODE); a stale CDI spec alone: systemctl restart nvidia-cdi-refresh.service",
 )
 def nvidia_runtime(facts: NodeFacts) -> Verdict:
+    runtime_name = facts.node.container_runtime or "containerd"
+    version = runtime_mode.packaged_version(runtime_name, facts.report.get("packages") or {})
+    choice = runtime_mode.choose(facts.node.toolkit_mode, runtime_name, version)
+    if choice.problem:
+        return problem(choice.problem)
+    verdict = _nvidia_runtime(facts)
+    if choice.mode == runtime_mode.LEGACY or verdict.status != PASS:
+        if verdict.status == PASS:
+            return passed(f"legacy mode ({choice.reason}): {verdict.message}",
+                          mode=choice.mode, **verdict.details)
+        return verdict
+    return _cdi_mode(facts, runtime_name, version, choice, verdict)
+
+
+def _cdi_mode(facts: NodeFacts, runtime_name: str, version: str | None,
+              choice: runtime_mode.Choice, legacy: Verdict) -> Verdict:
+    """What CDI mode needs: CDI on in the runtime, the toolkit's spec current."""
+    runtime = facts.report.get("container_runtime") or {}
+    section = runtime.get(runtime_name) or {}
+    details = {"mode": choice.mode, "runtime": runtime_name, "runtime_version": version}
+    if runtime_name == "containerd":
+        enabled = section.get("enable_cdi")
+        if enabled is None:
+            enabled = runtime_mode.containerd_cdi_default(runtime_mode.runtime_version(version))
+        dirs = section.get("cdi_spec_dirs")
+        details.update(enable_cdi=enabled, cdi_spec_dirs=dirs)
+        if not enabled:
+            return problem(f"cdi mode ({choice.reason}), but CDI is off in containerd "
+                           "(enable_cdi): pods get no GPU", **details)
+        if dirs is not None and "/var/run/cdi" not in dirs:
+            return problem(f"cdi mode, but containerd's cdi_spec_dirs {dirs} leave out "
+                           "/var/run/cdi, where the toolkit and the device plugin write their "
+                           "specs", **details)
+    specs = runtime.get("cdi_specs") or []
+    record = next((s for s in specs if s.get("path") == runtime_mode.CDI_SPEC), None)
+    nvml = facts.nvml
+    stale = runtime_mode.spec_problem(record, facts.healthy_gpus, nvml.get("driver_version"))
+    details["spec"] = record
+    if stale:
+        return problem(f"cdi mode: {stale}", **details)
+    second = [s["path"] for s in specs if s.get("kind") == runtime_mode.CDI_KIND
+              and s.get("path") != runtime_mode.CDI_SPEC]
+    if second:
+        return problem(f"cdi mode: a second {runtime_mode.CDI_KIND} spec beside "
+                       f"{runtime_mode.CDI_SPEC}: {', '.join(second)} (gpuprov 0.2's "
+                       "nvidia_container_toolkit_cdi wrote /etc/cdi/nvidia.yaml)", **details)
+    default = (section.get("default_is_nvidia") and " nvidia is the default runtime, which "
+               "CDI mode does not need;") or ""
+    return passed(f"cdi mode ({choice.reason}): CDI on,{default} {runtime_mode.CDI_SPEC} names "
+                  f"{len(facts.healthy_gpus)} GPU(s) by index and UUID for driver "
+                  f"{nvml.get('driver_version')}; nvidia runtime for the plugin's RuntimeClass",
+                  **details, **legacy.details)
+
+
+def _nvidia_runtime(facts: NodeFacts) -> Verdict:
     runtime = facts.report.get("container_runtime") or {}
     present = {n: runtime.get(n) or {} for n in RUNTIMES if (runtime.get(n) or {}).get("present")}
     if not present:

@@ -14,7 +14,12 @@ import copy
 from typing import TYPE_CHECKING
 
 from gpuprov.lab.kube.backend import NodeSpec, host_kernel
-from gpuprov.lab.kube.objects import NOT_READY_TAINT, is_device_plugin, node_ready
+from gpuprov.lab.kube.objects import (
+    NOT_READY_TAINT,
+    device_plugin_container,
+    is_device_plugin,
+    node_ready,
+)
 from gpuprov.lab.kube.registry import GPU, NODES, PODS
 from gpuprov.lab.kube.resources import GIT_VERSION
 from gpuprov.lab.kube.store import now
@@ -78,7 +83,7 @@ def plugin_registered(cluster: Cluster, node: str, pods: list[dict]) -> bool:
             # The plugin sees the GPUs NVIDIA's runtime gives its container (its image asks
             # for all of them by NVIDIA_VISIBLE_DEVICES); one that finds no GPU, or cannot
             # initialise NVML, registers nothing.
-            container = kubelet.container_view(pod, pod["spec"]["containers"][0])
+            container = kubelet.container_view(pod, device_plugin_container(pod))
             try:
                 return bool(toolkit_rules.container_gpus(
                     container, runtime.toolkit_settings, node_gpus, True))
