@@ -59,7 +59,7 @@ def _branches(*rows: tuple[int, str, bool]) -> tuple[InstallableBranch, ...]:
 
 _UBUNTU_SERVER = "nvidia-driver-{b}-server / nvidia-headless-{b}-server[-open] (Ubuntu archive)"
 _RHEL_MODULE = "dnf module nvidia-driver:{b}-dkms / {b}-open (NVIDIA CUDA repository)"
-_CUDA_APT = ("nvidia-driver-cuda + nvidia-kernel[-open]-dkms {b}.x, held by "
+_CUDA_APT = ("nvidia-driver-cuda + nvidia-kernel[-open]-dkms {b}.x, kept on the branch by "
              "nvidia-driver-pinning-{b} (NVIDIA CUDA repository)")
 
 # Where a node's driver packages come from (the nvidia_driver_source setting):

@@ -20,7 +20,9 @@ Labels (every value a string, as Kubernetes wants):
     nvidia.com/cuda.runtime-version.major/minor/full             NVML CUDA driver version
 
 The nvidia.com/ keys follow NVIDIA GPU Feature Discovery (GFD, NVIDIA/k8s-device-plugin
-internal/lm: resource.go, nvml.go, mig-strategy.go, checked 2026-11), so workloads written
+internal/lm: resource.go, nvml.go, mig-strategy.go of v0.20.0, checked 2026-11; v0.18-v0.20
+changed the family table, rubin for 13.x included, and leave memory out where NVML cannot
+read it, as gpuprov does), so workloads written
 for GFD's labels select gpuprov's nodes. Deviations, on purpose:
 
 - Mixed models: GFD labels product/count/memory/family from whichever model its Go map
@@ -106,13 +108,14 @@ def is_owned(key: str, series_key: str = DEFAULT_SERIES_KEY) -> bool:
 
 
 def gfd_family(major: int, minor: int) -> str:
-    """GFD's getArchFamily: the family name of a CUDA compute capability."""
+    """GFD's getArchFamily (internal/lm/resource.go of v0.20.0: 13 is rubin, added after
+    v0.17): the family name of a CUDA compute capability."""
     if major == 7:
         return "volta" if minor < 5 else "turing"
     if major == 8:
         return "ampere" if minor < 9 else "ada-lovelace"
     return {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper",
-            10: "blackwell", 12: "blackwell"}.get(major, "undefined")
+            10: "blackwell", 12: "blackwell", 13: "rubin"}.get(major, "undefined")
 
 
 def sanitise_value(text: str) -> str:

@@ -1,8 +1,14 @@
 """`gpuprov hw classify`: what gpuprov knows about NVIDIA PCI device IDs.
+`gpuprov hw choose`: which driver a node with these GPUs will get.
 
-Exit codes: 0 every ID is a supported GPU; 1 (CHECK_FAILED) some ID is unknown or legacy,
-the answer being "gpuprov cannot provision it"; 2 (USAGE) some ID is malformed or not
+classify exit codes: 0 every ID is a supported GPU; 1 (CHECK_FAILED) some ID is unknown or
+legacy, the answer being "gpuprov cannot provision it"; 2 (USAGE) some ID is malformed or not
 NVIDIA's. Every ID is classified and printed before the exit code is decided.
+
+choose answers with gpu_preflight's own decision (gpuprov.driver_branches.choose_branch:
+one decision, two callers): exit 0 a branch drives every GPU, 1 none can (the reason says
+why and what to do), 2 bad input (an OS name not like debian-12, a malformed ID, a pin that
+is not a number, an unknown source).
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpuprov import hardware
+from gpuprov import driver_branches, hardware
 from gpuprov.errors import ExitCode, GpuprovError
 from gpuprov.output import print_json, render_table
 
@@ -31,6 +37,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           metavar="ID", help="10de:15f8, 0x15f8 or 15f8 (repeatable)")
     classify.add_argument("--json", action="store_true", help="print a JSON list")
     classify.set_defaults(func=run)
+    choose = hw_commands.add_parser(
+        "choose",
+        help="which driver branch a node with these GPUs gets",
+        description="The driver branch gpu_preflight chooses for a node of this OS, driver "
+        "source and GPUs (the same function). Exit 0: a branch drives every GPU; 1: none "
+        "can; 2: bad input.",
+    )
+    choose.add_argument("--os", dest="os_name", required=True, metavar="ID-VERSION",
+                        help="the node's OS as os-release names it: debian-12, debian-13, "
+                        "ubuntu-24.04, rhel-9, rocky-9")
+    choose.add_argument("--source", choices=driver_branches.SOURCES, default=None,
+                        help="nvidia_driver_source (default: the OS's own, "
+                        "distro on Debian/Ubuntu, nvidia on RHEL)")
+    choose.add_argument("--pci-id", dest="pci_ids", action="append", required=True,
+                        metavar="ID", help="10de:2330 (repeatable: one per GPU, or per model)")
+    choose.add_argument("--pin", default=None, metavar="BRANCH",
+                        help="nvidia_driver_branch, the branch the inventory pins")
+    choose.add_argument("--json", action="store_true", help="print a JSON object")
+    choose.set_defaults(func=run_choose)
 
 
 def _branches(result: hardware.Classification) -> str | None:
@@ -59,3 +84,37 @@ def run(args: argparse.Namespace) -> int:
     for result in problems:
         print(f"gpuprov: {result.message}", file=sys.stderr)
     return int(ExitCode.CHECK_FAILED if problems else ExitCode.OK)
+
+
+def split_os(text: str) -> tuple[str, str]:
+    """'debian-12' -> ('debian', '12'); 'ubuntu-24.04' -> ('ubuntu', '24.04')."""
+    os_id, sep, version = text.strip().rpartition("-")
+    if not sep or not os_id or not version:
+        raise GpuprovError(f"--os {text!r} is not ID-VERSION as os-release names it (e.g. "
+                           f"debian-12, ubuntu-24.04, rhel-9); gpuprov knows "
+                           f"{driver_branches.supported_os_names()}", ExitCode.USAGE)
+    return os_id, version
+
+
+def run_choose(args: argparse.Namespace) -> int:
+    os_id, version = split_os(args.os_name)
+    try:
+        choice = driver_branches.choose_branch(args.pci_ids, os_id, version,
+                                               pinned_branch=args.pin, source=args.source)
+    except ValueError as exc:  # hardware.InvalidPciId is one
+        raise GpuprovError(str(exc), ExitCode.USAGE) from None
+    if args.json:
+        doc = choice.to_dict()
+        print_json({key: doc[key] for key in
+                    ("ok", "branch", "open_kernel_modules", "packages", "reason", "notes")})
+    else:
+        print(render_table(("OS", "BRANCH", "OPEN MODULES", "PACKAGES"), [(
+            choice.os, choice.branch, "yes" if choice.open_kernel_modules else "no",
+            choice.packages)]))
+        print(choice.reason)
+        for note in choice.notes:
+            print(f"  - {note}")
+    if not choice.ok:
+        print(f"gpuprov: {choice.reason}", file=sys.stderr)
+        return int(ExitCode.CHECK_FAILED)
+    return int(ExitCode.OK)

@@ -64,3 +64,54 @@ def test_malformed_or_foreign_id_exits_2(
 def test_missing_pci_id_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["hw", "classify"]) == 2
     assert "--pci-id" in capsys.readouterr().err
+
+
+# -- gpuprov hw choose: gpu_preflight's decision, from the command line ------------------------
+
+def _choose(capsys, *argv: str) -> tuple[int, dict | str, str]:
+    rc = cli.main(["hw", "choose", *argv])
+    out, err = capsys.readouterr()
+    return rc, (json.loads(out) if "--json" in argv and out else out), err
+
+
+@pytest.mark.parametrize(("argv", "branch", "open_modules"), [
+    # Hopper on Debian 13: Debian's archive (550), NVIDIA's repository (newest: 590).
+    (["--os", "debian-13", "--pci-id", "10de:2330"], 550, True),
+    (["--os", "debian-13", "--source", "nvidia", "--pci-id", "10de:2330"], 590, True),
+    (["--os", "debian-13", "--source", "nvidia", "--pci-id", "10de:2330", "--pin", "580"], 580,
+     True),
+    # Kepler + Pascal in one node: 470, the last branch for Kepler, without open modules.
+    (["--os", "debian-12", "--pci-id", "10de:102d", "--pci-id", "10de:15f8"], 470, False),
+])
+def test_choose_prints_the_preflights_branch(capsys, argv, branch, open_modules):
+    from gpuprov import driver_branches
+
+    rc, doc, _ = _choose(capsys, *argv, "--json")
+    assert rc == 0
+    assert set(doc) == {"ok", "branch", "open_kernel_modules", "packages", "reason", "notes"}
+    assert (doc["ok"], doc["branch"], doc["open_kernel_modules"]) == (True, branch, open_modules)
+    os_id, version = argv[1].rsplit("-", 1)
+    source = argv[argv.index("--source") + 1] if "--source" in argv else None
+    pin = argv[argv.index("--pin") + 1] if "--pin" in argv else None
+    ids = [argv[i + 1] for i, a in enumerate(argv) if a == "--pci-id"]
+    same = driver_branches.choose_branch(ids, os_id, version, pinned_branch=pin, source=source)
+    assert doc["branch"] == same.branch and doc["reason"] == same.reason  # one decision
+
+
+def test_choose_exits_1_when_no_branch_drives_the_gpus(capsys):
+    # Kepler (470 at most) and Hopper (525 at least) cannot share one driver.
+    rc, doc, err = _choose(capsys, "--os", "debian-12", "--pci-id", "10de:102d",
+                           "--pci-id", "10de:2330", "--json")
+    assert rc == 1 and doc["ok"] is False and doc["branch"] is None
+    assert doc["reason"] and err.startswith("gpuprov: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--os", "debian12", "--pci-id", "10de:2330"], "is not ID-VERSION"),
+    (["--os", "debian-13", "--pci-id", "10de:2330", "--pin", "5x5"], "is not a number"),
+    (["--os", "debian-13", "--pci-id", "zz"], "is not a PCI ID"),
+    (["--os", "debian-13", "--pci-id", "10de:2330", "--source", "ppa"], "invalid choice"),
+])
+def test_choose_refuses_bad_input_with_exit_2(capsys, argv, words):
+    rc, out, err = _choose(capsys, *argv)
+    assert rc == 2 and words in err and "Traceback" not in err

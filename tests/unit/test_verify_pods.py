@@ -269,3 +269,36 @@ def test_cuda_compat_names_both_versions():
                      {"nvml": {"cuda_driver_version": "12.2"}}, {},
                      image="nvcr.io/nvidia/cuda:12.2.0-base-ubuntu22.04")
     assert pod_checks.cuda_compat(facts).status == "pass"
+
+
+def test_a_node_labelled_cdi_gets_the_plugins_cdi_config_and_spec(tmp_path, bindir):
+    """The plugin's named config follows the node's label: on the CDI node it writes its CDI
+    spec and answers Allocate with CDI device names, and the smoke pods still see exactly
+    their GPUs; the legacy nodes keep volume-mounts."""
+    backend = default_lab_backend(SECURE_NVIDIA_CONTAINERD)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+        with running_emulator(backend, tmp_path) as emu:
+            cfg = client.Configuration()
+            cfg.host = emu.url
+            api_client = client.ApiClient(cfg)
+            core = client.CoreV1Api(api_client)
+            wait_for(lambda: len(core.list_node().items) == 4, "the nodes to register")
+            core.patch_node("gpu-hopper", {"metadata": {"labels": {
+                "nvidia.com/device-plugin.config": "cdi"}}})
+            values = {**manifests.load_values(), "nvidia_device_plugin_node_selector": {}}
+            for obj in manifests.render(manifests.DEVICE_PLUGIN_TEMPLATE, values):
+                _create(api_client, obj)
+            wait_for(lambda: backend.cdi_specs, "the plugin's CDI spec on the CDI node")
+            assert backend.cdi_specs == [("gpu-hopper", "k8s.device-plugin.nvidia.com/gpu",
+                                          "uuid",
+                                          "/var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json")]
+            runs = pods.run(api_client, [pods.Target("gpu-hopper", 8, 0),
+                                         pods.Target("gpu-pascal", 4, 0)],
+                            ("gpu-count",), timeout=30, concurrency=4)
+    for node, gpus in (("gpu-hopper", 8), ("gpu-pascal", 4)):
+        assert sorted(runs[node]["gpu-count"].pods[0].uuids) == sorted(fake_uuids(node, gpus))
+    # What the kubelet passed: CDI device names on hopper, volume mounts on pascal.
+    env_of = {node: env for node, argv, env in backend.started if argv == ["nvidia-smi", "-L"]}
+    assert env_of["gpu-pascal"]["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
+    assert "NVIDIA_VISIBLE_DEVICES" not in env_of["gpu-hopper"]

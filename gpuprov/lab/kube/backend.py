@@ -124,8 +124,8 @@ class NodeBackend(Protocol):
         """Remove the sandboxes and containers of pods that are not in `alive` (UIDs)."""
     def write_cdi_spec(self, node: str, vendor: str, cls: str, id_strategy: str,
                        path: str) -> str | None:
-        """Write a CDI spec of the node's GPUs (names by id_strategy) at `path` on the node;
-        the problem, or None."""
+        """Make sure the node has a CDI spec of its GPUs (names by id_strategy) at `path`:
+        written where it is missing; the problem, or None."""
 
 
 class LocalProcess:
@@ -271,7 +271,9 @@ class FakeBackend:
 
     def write_cdi_spec(self, node: str, vendor: str, cls: str, id_strategy: str,
                        path: str) -> str | None:
-        self.cdi_specs.append((node, f"{vendor}/{cls}", id_strategy, path))
+        spec = (node, f"{vendor}/{cls}", id_strategy, path)
+        if spec not in self.cdi_specs:
+            self.cdi_specs.append(spec)
         return None
 
     def collect(self, node: str, alive: set[str]) -> None:
@@ -472,7 +474,11 @@ class LabBackend:
     def write_cdi_spec(self, node: str, vendor: str, cls: str, id_strategy: str,
                        path: str) -> str | None:
         """With the node's own nvidia-ctk (the lab's stand-in: NVML through the node's
-        library, nvcdi's naming), as the plugin's nvcdi would from its container."""
+        library, nvcdi's naming), as the plugin's nvcdi would from its container; a spec
+        already there is kept (a file check through the node's root, no podman exec)."""
+        root = self._node_root(node)
+        if root is not None and Path(root + path).is_file():
+            return None
         try:
             proc = self._podman("exec", self.containers[node], "nvidia-ctk", "cdi", "generate",
                                 f"--vendor={vendor}", f"--class={cls}",

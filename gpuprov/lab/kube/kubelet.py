@@ -221,14 +221,18 @@ class Kubelet:
             plugin, node.get("metadata", {}).get("labels") or {},
             lambda ns, name: self.cluster.registry.find(R["ConfigMap"], ns, name))
 
-    def _plugin_cdi_spec(self, plugin: dict) -> None:
+    def _plugin_cdi_spec(self, plugin: dict, settings: deviceplugin.Settings | None = None
+                         ) -> None:
         """A plugin with a CDI strategy writes the spec of its devices when it starts (the
         real one from NVML through nvcdi; here the node's nvidia-ctk, the same library's
-        command): the node's runtime resolves the names Allocate returns from it."""
-        try:
-            settings = self._plugin_settings(plugin)
-        except deviceplugin.AllocateError:
-            return  # Allocate reports it for every pod
+        command): the node's runtime resolves the names Allocate returns from it. Asked
+        again before each Allocate, where the spec is missing: a node that rebooted lost
+        /var/run/cdi, and its real plugin, restarted with the node, wrote it again."""
+        if settings is None:
+            try:
+                settings = self._plugin_settings(plugin)
+            except deviceplugin.AllocateError:
+                return  # Allocate reports it for every pod
         if not settings.cdi:
             return
         problem = self.backend.write_cdi_spec(self.name, deviceplugin.CDI_VENDOR,
@@ -251,6 +255,7 @@ class Kubelet:
             settings = self._plugin_settings(plugin)
         except deviceplugin.AllocateError as exc:
             return f"device plugin: {exc}"
+        self._plugin_cdi_spec(plugin, settings)
         return deviceplugin.allocate(settings, gpus, node_gpus)
 
     def _runtime_handler(self, spec: dict) -> str | None:
