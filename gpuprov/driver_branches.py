@@ -40,6 +40,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from gpuprov import driver_lifecycle
 from gpuprov.hardware import NVIDIA_VENDOR_ID, Classification, classify, parse_pci_id
 
 # NVIDIA's open kernel modules are production quality for datacenter GPUs from R515.
@@ -203,9 +204,14 @@ def _pinned(value: int | str | None) -> int | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     try:
-        return int(str(value).strip().split(".")[0])
+        branch = int(str(value).strip().split(".")[0])
     except ValueError:
         raise ValueError(f"pinned driver branch {value!r} is not a number like 535") from None
+    if not driver_lifecycle.released(branch):
+        # A typo (999, 585) would otherwise fall back to the newest installable branch.
+        raise ValueError(f"pinned driver branch {branch} is not a branch NVIDIA released; "
+                         f"its datacenter branches: {driver_lifecycle.released_list()}")
+    return branch
 
 
 def choose_branch(

@@ -14,9 +14,10 @@ is not a number, an unknown source).
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
 
-from gpuprov import driver_branches, hardware
+from gpuprov import driver_branches, driver_lifecycle, hardware
 from gpuprov.errors import ExitCode, GpuprovError
 from gpuprov.output import print_json, render_table
 
@@ -103,8 +104,21 @@ def run_choose(args: argparse.Namespace) -> int:
                                                pinned_branch=args.pin, source=args.source)
     except ValueError as exc:  # hardware.InvalidPciId is one
         raise GpuprovError(str(exc), ExitCode.USAGE) from None
+    doc = choice.to_dict()
+    # NVIDIA's lifecycle of the branch, as of today (gpuprov/driver_lifecycle.py).
+    ending = (driver_lifecycle.eol_note(choice.branch, datetime.date.today())
+              if choice.branch else None)
+    if ending:
+        # Only branches that drive every GPU of the node are a way out.
+        ways_out = [b for b in driver_lifecycle.supported(datetime.date.today())
+                    if all(g.min_branch is not None and g.min_branch <= b.branch
+                           and (g.max_branch is None or b.branch <= g.max_branch)
+                           for g in choice.gpus)]
+        doc["notes"].append(f"{ending}: " + (
+            "supported branches that drive these GPUs: " + ", ".join(
+                f"R{b.branch} ({b.kind}, to {b.eol})" for b in ways_out)
+            if ways_out else "no supported branch drives these GPUs"))
     if args.json:
-        doc = choice.to_dict()
         print_json({key: doc[key] for key in
                     ("ok", "branch", "open_kernel_modules", "packages", "reason", "notes")})
     else:
@@ -112,7 +126,7 @@ def run_choose(args: argparse.Namespace) -> int:
             choice.os, choice.branch, "yes" if choice.open_kernel_modules else "no",
             choice.packages)]))
         print(choice.reason)
-        for note in choice.notes:
+        for note in doc["notes"]:
             print(f"  - {note}")
     if not choice.ok:
         print(f"gpuprov: {choice.reason}", file=sys.stderr)

@@ -115,3 +115,11 @@ def test_choose_exits_1_when_no_branch_drives_the_gpus(capsys):
 def test_choose_refuses_bad_input_with_exit_2(capsys, argv, words):
     rc, out, err = _choose(capsys, *argv)
     assert rc == 2 and words in err and "Traceback" not in err
+
+
+def test_choose_notes_a_branch_past_nvidias_end_of_life(capsys):
+    # Pascal on Debian 12's archive: 535, whose end of life was June 2026.
+    rc, doc, _ = _choose(capsys, "--os", "debian-12", "--pci-id", "10de:15f8", "--json")
+    assert rc == 0 and doc["branch"] == 535
+    assert any("R535 (long term support branch) reached NVIDIA's end of life 2026-06" in note
+               and "R580 (LTSB, to 2028-06)" in note for note in doc["notes"])
