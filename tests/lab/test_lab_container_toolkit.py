@@ -47,14 +47,19 @@ def test_gpu_node_runs_nvidia_runtime_from_the_local_repository(toolkit_runs, la
     assert (dump["version"] == 3) == ("io.containerd.cri.v1.runtime" in plugins)
     runtimes = cri["containerd"]["runtimes"]
     assert runtimes["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
-    assert cri["containerd"]["default_runtime_name"] == "nvidia"
+    # containerd 2.x can inject CDI devices: CDI mode there (nvidia_container_toolkit_mode
+    # auto), NVIDIA's runtime only for the RuntimeClass; containerd 1.6: NVIDIA's as default.
+    cdi = dump["version"] == 3
+    default = "runc" if cdi else "nvidia"
+    assert cri["containerd"]["default_runtime_name"] == default
+    assert cri.get("enable_cdi", False) is cdi  # 1.6 has no CDI (no key)
     assert "/usr/lib/cni" in [cri["cni"].get("bin_dir"), *(cri["cni"].get("bin_dirs") or [])]
     assert "Server:" in run("ctr version")
     # What the emulated device plugin registration decides from: the probe's runtime section,
     # read from the host in the node's root.
     config = LabBackend(lab.dir).runtime(name)
-    assert config.runtime == "containerd" and config.default_handler == "nvidia"
-    assert config.handler_is_nvidia(None) and "nvidia" in config.nvidia_handlers
+    assert config.runtime == "containerd" and config.default_handler == default
+    assert config.handler_is_nvidia(None) is not cdi and "nvidia" in config.nvidia_handlers
 
 
 def test_cpu_node_is_left_alone(toolkit_runs, node_connection):
