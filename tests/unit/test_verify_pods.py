@@ -41,15 +41,22 @@ done
 
 
 @contextlib.contextmanager
-def cluster(backend, state_dir, bindir):
+def cluster(backend, state_dir, bindir, node_labels: dict | None = None):
     """An emulated cluster with gpuprov's own device plugin objects (templates/, the role's
-    defaults: volume-mounts, CAP_SYS_ADMIN), run on every node, registered on the GPU ones."""
+    defaults: volume-mounts, CAP_SYS_ADMIN), run on every node, registered on the GPU ones.
+    node_labels: {node: labels} set before the plugin starts (its named config)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
         with running_emulator(backend, state_dir) as emu:
             cfg = client.Configuration()
             cfg.host = emu.url
             api_client = client.ApiClient(cfg)
+            if node_labels:
+                core = client.CoreV1Api(api_client)
+                wait_for(lambda: len(core.list_node().items) == len(backend.node_map),
+                         "the nodes to register")
+                for node, labels in node_labels.items():
+                    core.patch_node(node, {"metadata": {"labels": labels}})
             values = {**manifests.load_values(), "nvidia_device_plugin_node_selector": {}}
             for obj in manifests.render(manifests.DEVICE_PLUGIN_TEMPLATE, values):
                 _create(api_client, obj)
@@ -276,26 +283,13 @@ def test_a_node_labelled_cdi_gets_the_plugins_cdi_config_and_spec(tmp_path, bind
     spec and answers Allocate with CDI device names, and the smoke pods still see exactly
     their GPUs; the legacy nodes keep volume-mounts."""
     backend = default_lab_backend(SECURE_NVIDIA_CONTAINERD)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-        with running_emulator(backend, tmp_path) as emu:
-            cfg = client.Configuration()
-            cfg.host = emu.url
-            api_client = client.ApiClient(cfg)
-            core = client.CoreV1Api(api_client)
-            wait_for(lambda: len(core.list_node().items) == 4, "the nodes to register")
-            core.patch_node("gpu-hopper", {"metadata": {"labels": {
-                "nvidia.com/device-plugin.config": "cdi"}}})
-            values = {**manifests.load_values(), "nvidia_device_plugin_node_selector": {}}
-            for obj in manifests.render(manifests.DEVICE_PLUGIN_TEMPLATE, values):
-                _create(api_client, obj)
-            wait_for(lambda: backend.cdi_specs, "the plugin's CDI spec on the CDI node")
-            assert backend.cdi_specs == [("gpu-hopper", "k8s.device-plugin.nvidia.com/gpu",
-                                          "uuid",
-                                          "/var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json")]
-            runs = pods.run(api_client, [pods.Target("gpu-hopper", 8, 0),
-                                         pods.Target("gpu-pascal", 4, 0)],
-                            ("gpu-count",), timeout=30, concurrency=4)
+    labels = {"gpu-hopper": {"nvidia.com/device-plugin.config": "cdi"}}
+    with cluster(backend, tmp_path, bindir, labels) as api_client:
+        assert backend.cdi_specs == [("gpu-hopper", "k8s.device-plugin.nvidia.com/gpu", "uuid",
+                                      "/var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json")]
+        runs = pods.run(api_client, [pods.Target("gpu-hopper", 8, 0),
+                                     pods.Target("gpu-pascal", 4, 0)],
+                        ("gpu-count",), timeout=30, concurrency=4)
     for node, gpus in (("gpu-hopper", 8), ("gpu-pascal", 4)):
         assert sorted(runs[node]["gpu-count"].pods[0].uuids) == sorted(fake_uuids(node, gpus))
     # What the kubelet passed: CDI device names on hopper, volume mounts on pascal.
