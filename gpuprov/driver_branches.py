@@ -127,8 +127,7 @@ def source_for(os_id: str, source: str | None) -> str:
     """The driver source a node uses: the setting, or its OS family's default. Raises
     ValueError for a source gpuprov does not know."""
     if source is None or not str(source).strip():
-        family = normalise_os(os_id, "")[0]
-        return DEFAULT_SOURCE.get(family, DISTRO)
+        return _default_source(normalise_os(os_id, "")[0])
     source = str(source).strip().lower()
     if source not in SOURCES:
         raise ValueError(f"driver source {source!r} is not one of {', '.join(SOURCES)} "
@@ -158,10 +157,13 @@ def _not_offered(os_id: str, os_version: str, source: str) -> str:
             f"{supported_os_names()}; reinstall the node with one of them")
 
 
+def _default_source(family: str) -> str:
+    return DEFAULT_SOURCE.get(family, DISTRO)
+
+
 def _where(family: str, version: str, source: str) -> str:
     """"debian 12", or "debian 12 (nvidia)" where the source is not the OS's default."""
-    default = DEFAULT_SOURCE.get(family, DISTRO)
-    return f"{family} {version}" + ("" if source == default else f" ({source})")
+    return f"{family} {version}" + ("" if source == _default_source(family) else f" ({source})")
 
 
 def _sources_of(family: str, version: str) -> list[str]:
