@@ -15,6 +15,8 @@ schedulable again (the upgrade role's verify passed on it).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 from conftest import (
@@ -54,7 +56,11 @@ def _set_host_vars(lab: Lab, **values: str | None) -> None:
 
 
 def _node(lab: Lab) -> tuple[dict, str, str]:
-    """(packages, NVML's driver version per nvidia-smi, the lab's apt sources files)."""
+    """(packages, NVML's driver version per nvidia-smi, the lab's apt sources files). Also
+    checks that the toolkit's CDI spec follows the driver: NVIDIA's nvidia-cdi-refresh runs
+    on every toolkit >= 1.18 node (legacy mode too), and the driver role re-runs it after a
+    driver change, as its .path unit does when DKMS rewrites the module index (which the
+    lab's packages never do: without the role's refresh the spec keeps the old driver)."""
     with connect(node_target(lab, NODE)) as conn:
         packages = installed_packages(conn)
         # The lab's nvidia-smi (NVML's view): Debian's real one refuses the simulated NVML.
@@ -62,7 +68,9 @@ def _node(lab: Lab) -> tuple[dict, str, str]:
                        "--format=csv,noheader", hide=True, in_stream=False).stdout.split()
         sources = conn.run("ls /etc/apt/sources.list.d/ /etc/apt/keyrings/", hide=True,
                            in_stream=False).stdout
+        spec = conn.run("cat /var/run/cdi/nvidia.yaml", hide=True, in_stream=False).stdout
     assert len(set(smi)) == 1 and len(smi) == 8, smi
+    assert set(re.findall(r"libnvidia-ml\.so\.(\d+\.\d+\.\d+)", spec)) == {smi[0]}, spec
     return packages, smi[0], sources
 
 

@@ -187,3 +187,33 @@ def test_filter_reads_each_gpu_hosts_settings_from_the_inventory(ansible_plugin)
     assert "which gpu-b would not have" in line
     merged = plugin.toolkit_config(PACKAGED, toolkit_config.SECURE)
     assert merged["changed"]
+
+
+def test_each_gpu_node_gets_the_plugin_config_of_its_runtime_mode(ansible_plugin):
+    """gpuprov_runtime_modes: the toolkit stage's mode where it ran in this play, else the
+    same decision from the inventory and the runtime the preflight's probe found; CPU hosts
+    get none; a CDI node's toolkit settings do not gate the legacy strategy."""
+    plugin = ansible_plugin("filter/gpuprov_toolkit.py")
+
+    def probe(containerd_version: str) -> dict:
+        return {"packages": {"runtime": [{"name": "containerd", "version": containerd_version,
+                                          "state": "installed"}]}}
+
+    hostvars = {
+        "applied": {"gpu_preflight_has_gpu": True, "nvidia_container_toolkit_mode_applied": "cdi"},
+        "old": {"gpu_preflight_has_gpu": True, "gpu_preflight_probe": probe("1.6.20~ds1-1")},
+        "new": {"gpu_preflight_has_gpu": True, "gpu_preflight_probe": probe("2.1.9~ds1-1"),
+                "gpu_node_labels_node_name": "new.k8s"},
+        "pinned": {"gpu_preflight_has_gpu": True, "gpu_preflight_probe": probe("2.1.9~ds1-1"),
+                   "nvidia_container_toolkit_mode": "legacy"},
+        "cpu": {"gpu_preflight_has_gpu": False},
+    }
+    assert plugin.node_modes(list(hostvars), hostvars) == {
+        "applied": "cdi", "old": "legacy", "new.k8s": "cdi", "pinned": "legacy"}
+    # volume-mounts needs the toolkit to accept mounts, on legacy nodes only.
+    refusing = {"nvidia_container_toolkit_accept_volume_mounts": False}
+    for host in hostvars:
+        hostvars[host] = {**hostvars[host], **refusing}
+    lines = plugin.device_list_problems("volume-mounts", list(hostvars), hostvars)
+    assert len(lines) == 1 and "old" in lines[0] and "pinned" in lines[0]
+    assert "applied" not in lines[0] and "new" not in lines[0]
