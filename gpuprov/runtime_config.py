@@ -48,13 +48,12 @@ except ImportError:  # Python < 3.11 on the controller
 
 import tomlkit
 
+from gpuprov import runtime_mode
 from gpuprov.probe import runtime as probe_runtime
 
 CONTAINERD_CONFIG = probe_runtime.CONTAINERD_CONFIG
 NVIDIA_DROP_IN = "/etc/containerd/conf.d/99-nvidia.toml"
 RUNC_V2 = "io.containerd.runc.v2"
-# Where NVIDIA's nvidia-cdi-refresh.service writes the spec (gpuprov/runtime_mode.py).
-CDI_REFRESH_DIR = "/var/run/cdi"
 
 # Where the CRI plugin keeps its runtimes, by config version (containerd 2.x: 3).
 CRI_PLUGIN_IDS = {3: "io.containerd.cri.v1.runtime", 2: "io.containerd.grpc.v1.cri", 1: "cri"}
@@ -213,8 +212,8 @@ def containerd_nvidia(
     if cdi:
         cri["enable_cdi"] = True
         dirs = cri.get("cdi_spec_dirs")
-        if isinstance(dirs, list) and CDI_REFRESH_DIR not in dirs:
-            cri["cdi_spec_dirs"] = [*dirs, CDI_REFRESH_DIR]
+        if isinstance(dirs, list) and runtime_mode.CDI_SPEC_DIR not in dirs:
+            cri["cdi_spec_dirs"] = [*dirs, runtime_mode.CDI_SPEC_DIR]
 
     drop_in_doc = tomlkit.document()
     drop_in_doc.add(tomlkit.comment(

@@ -23,18 +23,19 @@ here (Kubernetes does not run on Docker directly, and gpuprov's pod checks need 
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 
 AUTO, CDI, LEGACY = "auto", "cdi", "legacy"
 MODES = (AUTO, CDI, LEGACY)
 # The spec the toolkit's nvidia-cdi-refresh.service writes (its NVIDIA_CTK_CDI_OUTPUT_FILE_PATH)
-# and its kind; the device plugin writes its own, of kind PLUGIN_CDI_KIND, next to it.
+# and its kind; the device plugin writes its own, of kind k8s.device-plugin.nvidia.com/gpu,
+# next to it.
 CDI_SPEC = "/var/run/cdi/nvidia.yaml"
 CDI_KIND = "nvidia.com/gpu"
-PLUGIN_CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
-# containerd's default cdi_spec_dirs (1.7 and 2.x); CRI-O's are the same.
-CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+# Where both write: the runtime's cdi_spec_dirs must name it.
+CDI_SPEC_DIR = posixpath.dirname(CDI_SPEC)
 CONTAINERD_CDI_SINCE = (1, 7)
 CONTAINERD_CDI_DEFAULT_ON = (2, 0)
 

@@ -51,10 +51,10 @@ def _cdi_mode(facts: NodeFacts, runtime_name: str, version: str | None,
         if not enabled:
             return problem(f"cdi mode ({choice.reason}), but CDI is off in containerd "
                            "(enable_cdi): pods get no GPU", **details)
-        if dirs is not None and "/var/run/cdi" not in dirs:
+        if dirs is not None and runtime_mode.CDI_SPEC_DIR not in dirs:
             return problem(f"cdi mode, but containerd's cdi_spec_dirs {dirs} leave out "
-                           "/var/run/cdi, where the toolkit and the device plugin write their "
-                           "specs", **details)
+                           f"{runtime_mode.CDI_SPEC_DIR}, where the toolkit and the device "
+                           "plugin write their specs", **details)
     specs = runtime.get("cdi_specs") or []
     record = next((s for s in specs if s.get("path") == runtime_mode.CDI_SPEC), None)
     nvml = facts.nvml
