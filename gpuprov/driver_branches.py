@@ -15,7 +15,12 @@ Sources (retrieved 2026-11-22):
 [ubuntu] Ubuntu archive, restricted: the `nvidia-driver-<branch>-server` and
     `-server-open` packages that ubuntu-drivers installs on servers. NOT verified here:
     archive.ubuntu.com is unreachable from the build machines; from Ubuntu's and NVIDIA's
-    documentation: jammy carries 470-server (Kepler's last), both releases 535/550/570/580.
+    documentation: jammy carries 470-server (Kepler's last). Ubuntu has since turned the
+    535-server, 550(-server) and 570-server packages into transitional packages that install
+    580 (packages.ubuntu.com, noble-updates: nvidia-headless-550 550.163.01-0ubuntu0.24.04.2
+    depends on nvidia-headless-580 on amd64; gpuprov issue 19 for 535/570-server), so a node
+    asking for them gets 580: TRANSITIONAL below. 26.04 (resolute): 580-server assumed, NOT
+    verified.
 
 [cuda-debian] NVIDIA CUDA repositories for Debian 12 and 13 (developer.download.nvidia.com/
     compute/cuda/repos/debian{12,13}/x86_64, flat, keys 3bf863cc.pub and 8793F200.pub):
@@ -27,17 +32,33 @@ Sources (retrieved 2026-11-22):
     repository starts with CUDA 13.0 (R580); NVIDIA/cuda-repo-management issues #38 and #40
     report 580 missing from it at first. Branch lists NOT verified here (unreachable).
 
-[cuda-rhel] NVIDIA CUDA repository for RHEL/Rocky 8 and 9 (developer.download.nvidia.com/
-    compute/cuda/repos/rhel{8,9}), dnf module `nvidia-driver` streams `<branch>-dkms` and
-    `<branch>-open`; NVIDIA Driver Installation Guide r580. From branch 590 NVIDIA replaced
-    branch-named packages and streams by version-locking ("pinning") packages, which this
-    table does not model yet. NOT verified here (NVIDIA's repositories are unreachable).
+[cuda-ubuntu] NVIDIA CUDA repositories for Ubuntu (repos/ubuntu2204, ubuntu2404: key
+    3bf863cc.pub; ubuntu2604: key 60DF8A40.pub, from R595). Up to 580 Ubuntu's own package
+    names with the branch in them (nvidia-dkms-580-open, libnvidia-compute-580, ...); from 590
+    "the Ubuntu packages will be renamed by removing the branch designation" and a branch is
+    kept by nvidia-driver-pinning-<branch> (NVIDIA Driver Installation Guide r590, "Ubuntu
+    590 and later packages", table 4: libnvidia-compute-580 -> libnvidia-compute,
+    nvidia-dkms-580-open -> nvidia-dkms-open). Branch lists NOT verified here.
+
+[cuda-rhel] NVIDIA CUDA repository for RHEL/Rocky 8, 9 and 10 (developer.download.nvidia.com/
+    compute/cuda/repos/rhel{8,9,10}). 8 and 9: dnf module `nvidia-driver`, streams
+    `<branch>-dkms` and `<branch>-open`. 10 has no modules: `dnf install` and a branch kept by
+    `dnf versionlock '*nvidia*<branch>*'` (NVIDIA Driver Installation Guide 620, "Kernel
+    Modules", table 5), key CDF6BA43.pub. NOT verified here (NVIDIA's repositories are
+    unreachable).
+
+Branches 590 and later (590, 595, 610, 615, 620) are listed for NVIDIA's repositories of every
+release whose CUDA 13 support NVIDIA documents; they drive no Maxwell, Pascal or Volta GPU
+(hardware.py). Which branch a node gets when none is pinned: the newest one NVIDIA still
+supports (an LTSB or PB before its end of life, gpuprov/driver_lifecycle.py) that drives every
+GPU; a new feature branch only where no supported one fits, as NVIDIA advises datacenters.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import datetime
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuprov import driver_lifecycle
@@ -60,8 +81,21 @@ def _branches(*rows: tuple[int, str, bool]) -> tuple[InstallableBranch, ...]:
 
 _UBUNTU_SERVER = "nvidia-driver-{b}-server / nvidia-headless-{b}-server[-open] (Ubuntu archive)"
 _RHEL_MODULE = "dnf module nvidia-driver:{b}-dkms / {b}-open (NVIDIA CUDA repository)"
+_RHEL_LOCK = ("nvidia-driver-cuda + kmod-nvidia[-open]-dkms {b}.x, kept on the branch by dnf "
+              "versionlock (NVIDIA CUDA repository)")
 _CUDA_APT = ("nvidia-driver-cuda + nvidia-kernel[-open]-dkms {b}.x, kept on the branch by "
              "nvidia-driver-pinning-{b} (NVIDIA CUDA repository)")
+_CUDA_UBUNTU_NAMED = ("nvidia-dkms-{b}[-open] + libnvidia-compute-{b} + nvidia-utils-{b} "
+                      "(NVIDIA CUDA repository)")
+_CUDA_UBUNTU = ("nvidia-dkms[-open] + libnvidia-compute + nvidia-utils {b}.x, kept on the "
+                "branch by nvidia-driver-pinning-{b} (NVIDIA CUDA repository)")
+# Branches NVIDIA's CUDA 13 repositories carry from 590 on ([cuda-*] in the docstring).
+_CUDA13 = (590, 595, 610, 615, 620)
+
+
+def _cuda_ubuntu(*branches: int) -> tuple[InstallableBranch, ...]:
+    return _branches(*((b, (_CUDA_UBUNTU if b >= 590 else _CUDA_UBUNTU_NAMED).format(b=b), True)
+                       for b in branches))
 
 # Where a node's driver packages come from (the nvidia_driver_source setting):
 #   distro  the OS's own archive (Debian non-free, Ubuntu restricted);
@@ -88,25 +122,43 @@ OS_BRANCHES: dict[tuple[str, str, str], tuple[InstallableBranch, ...]] = {
     # [cuda-debian]: NVIDIA's repository for Debian 12 carries the branches since CUDA 12.3;
     # the one for Debian 13 starts with CUDA 13.0 (R580).
     ("debian", "12", NVIDIA): _branches(
-        *((b, _CUDA_APT.format(b=b), True) for b in (550, 570, 575, 580, 590)),
+        *((b, _CUDA_APT.format(b=b), True) for b in (550, 570, 575, 580, *_CUDA13)),
     ),
     ("debian", "13", NVIDIA): _branches(
-        *((b, _CUDA_APT.format(b=b), True) for b in (580, 590)),
+        *((b, _CUDA_APT.format(b=b), True) for b in (580, *_CUDA13)),
     ),
+    # [ubuntu]: 535, 550 and 570 are transitional packages there (TRANSITIONAL).
     ("ubuntu", "22.04", DISTRO): _branches(
         (470, _UBUNTU_SERVER.format(b=470), False),
-        *((b, _UBUNTU_SERVER.format(b=b), True) for b in (535, 550, 570, 580)),
+        (580, _UBUNTU_SERVER.format(b=580), True),
     ),
     ("ubuntu", "24.04", DISTRO): _branches(
-        *((b, _UBUNTU_SERVER.format(b=b), True) for b in (535, 550, 570, 580)),
+        (580, _UBUNTU_SERVER.format(b=580), True),
     ),
+    ("ubuntu", "26.04", DISTRO): _branches(
+        (580, _UBUNTU_SERVER.format(b=580), True),
+    ),
+    # From 580, the first branch with NVIDIA's version-lock packages for Ubuntu.
+    ("ubuntu", "22.04", NVIDIA): _cuda_ubuntu(580, *_CUDA13),
+    ("ubuntu", "24.04", NVIDIA): _cuda_ubuntu(580, *_CUDA13),
+    ("ubuntu", "26.04", NVIDIA): _cuda_ubuntu(595, 610, 615, 620),
     ("rhel", "8", NVIDIA): _branches(
         (470, "dnf module nvidia-driver:470-dkms (NVIDIA CUDA repository)", False),
-        *((b, _RHEL_MODULE.format(b=b), True) for b in (535, 550, 570, 575, 580)),
+        *((b, _RHEL_MODULE.format(b=b), True) for b in (535, 550, 570, 575, 580, *_CUDA13)),
     ),
     ("rhel", "9", NVIDIA): _branches(
-        *((b, _RHEL_MODULE.format(b=b), True) for b in (535, 550, 570, 575, 580)),
+        *((b, _RHEL_MODULE.format(b=b), True) for b in (535, 550, 570, 575, 580, *_CUDA13)),
     ),
+    ("rhel", "10", NVIDIA): _branches(
+        *((b, _RHEL_LOCK.format(b=b), True) for b in (575, 580, *_CUDA13)),
+    ),
+}
+
+# Branches whose packages an OS's archive keeps only as transitional packages that install
+# another branch ([ubuntu]): (os, version, source) -> {asked: what it installs}.
+TRANSITIONAL: dict[tuple[str, str, str], dict[int, int]] = {
+    (os_id, version, DISTRO): {535: 580, 550: 580, 570: 580}
+    for os_id, version in (("ubuntu", "22.04"), ("ubuntu", "24.04"), ("ubuntu", "26.04"))
 }
 
 # Ansible's ansible_distribution / os-release ID -> the key above.
@@ -222,21 +274,30 @@ def choose_branch(
     os_version: str,
     pinned_branch: int | str | None = None,
     source: str | None = None,
+    today: datetime.date | None = None,
+    chip_names: Mapping[str, str | None] | None = None,
 ) -> BranchChoice:
     """Pick the node's driver branch: the pinned one if it drives every GPU and the OS can
-    install it from the source, else the newest branch from the source that drives them all.
+    install it from the source, else the newest branch from the source that drives them all
+    and NVIDIA still supports on `today` (an LTSB or PB; a new feature branch or an ended one
+    only where none of those fits). A note says when the branch is past or near its end of
+    life and which supported branches drive the GPUs.
 
     pci_ids are the node's PCI IDs ("10de:15f8"); devices of other vendors (a server's BMC
-    VGA, say) are ignored. source is nvidia_driver_source (None: the OS's default). Raises
-    ValueError (hardware.InvalidPciId) only for text that is not a PCI ID, a pinned branch
-    that is not a number, or a source gpuprov does not know.
+    VGA, say) are ignored. chip_names maps a PCI ID to its pci.ids name, which classifies a
+    GPU the hardware table lacks by its chip's architecture (with a note that says so).
+    source is nvidia_driver_source (None: the OS's default). Raises ValueError
+    (hardware.InvalidPciId) only for text that is not a PCI ID, a pinned branch that is not a
+    number or not a released branch, or a source gpuprov does not know.
     """
     pin = _pinned(pinned_branch)
     family, version = normalise_os(os_id, os_version)
     source = source_for(os_id, source)
     os_name = _where(family, version, source)
+    today = today or datetime.date.today()
+    names = {str(k).lower(): v for k, v in (chip_names or {}).items()}
     gpus = tuple(
-        classify(pci_id)
+        classify(pci_id, chip_name=names.get(pci_id.strip().lower()))
         for pci_id in pci_ids
         if parse_pci_id(pci_id)[0] == NVIDIA_VENDOR_ID
     )
@@ -262,6 +323,7 @@ def choose_branch(
     known = [g for g in gpus if g.status == "supported"]
     notes = [f"{_label(g)}: unknown to gpuprov's hardware table, support not checked"
              for g in unknown]
+    notes += [f"warning: {g.message}" for g in known if g.source == "pci.ids"]
     open_required = any(g.model is not None and g.model.open_kernel_modules_required
                         for g in known)
 
@@ -287,33 +349,81 @@ def choose_branch(
                     "tell which driver branch supports it; pin one NVIDIA lists for it "
                     "(nvidia_driver_branch)", tuple(notes))
 
-    chosen: InstallableBranch | None = None
+    really = TRANSITIONAL.get((family, version, source), {}).get(pin or 0)
+    if really is not None:
+        return fail(f"pinned branch {pin}: {os_name}'s packages of branch {pin} are transitional "
+                    f"and install {really}; pin {really} (or a newer branch from NVIDIA's "
+                    "repository: nvidia_driver_source: nvidia)",
+                    tuple(notes))
+
+    chosen = None
     if pin is not None:
-        pinned = by_branch.get(pin)
-        if pinned is not None and drives_all(pinned):
-            chosen = pinned
+        chosen = by_branch.get(pin)
+        if chosen is not None and drives_all(chosen):
             reason = f"pinned branch {pin} drives every GPU and installs on {os_name}"
-        elif pinned is None:
-            notes.append(f"pinned branch {pin} is not installable on {os_name} "
-                         f"(offered: {', '.join(str(b.branch) for b in offered)})")
         else:
-            notes.extend(f"pinned branch {pin} does not support {_label(g)} "
-                         f"(branches {g.min_branch}-{g.max_branch or 'current'})"
-                         for g in known if not g.supports_branch(pin))
-            if open_required and not pinned.open_kernel_modules:
-                notes.append(f"pinned branch {pin} has no open kernel modules on {os_name}")
+            notes.extend(_pin_unusable(pin, chosen, offered, known, open_required, os_name))
+            chosen = None
     if chosen is None:
         if not fitting:
             return fail(_nothing_fits(known, offered, os_name, open_required), tuple(notes))
-        chosen = fitting[-1]
-        reason = (f"newest branch installable on {os_name} that drives every GPU"
-                  + (f" (pinned {pin} cannot be used)" if pin is not None else ""))
+        chosen, reason = _newest(fitting, os_name, today)
+        reason += f" (pinned {pin} cannot be used)" if pin is not None else ""
+    ending = eol_warning(chosen.branch, known, today)
+    if ending:
+        notes.append(ending)
 
     open_ok = (chosen.open_kernel_modules and chosen.branch >= OPEN_MODULES_MIN_BRANCH
                and all(g.open_kernel_modules for g in known) and not unknown)
     return BranchChoice(ok=True, branch=chosen.branch, reason=reason, os=os_name, gpus=gpus,
                         notes=tuple(notes), open_kernel_modules=open_ok,
                         open_kernel_modules_required=open_required, packages=chosen.packages)
+
+
+def _pin_unusable(pin: int, pinned: InstallableBranch | None,
+                  offered: tuple[InstallableBranch, ...], known: list[Classification],
+                  open_required: bool, os_name: str) -> list[str]:
+    """Why the pinned branch cannot be used on this node (notes)."""
+    if pinned is None:
+        return [f"pinned branch {pin} is not installable on {os_name} "
+                f"(offered: {', '.join(str(b.branch) for b in offered)})"]
+    notes = [f"pinned branch {pin} does not support {_label(g)} "
+             f"(branches {g.min_branch}-{g.max_branch or 'current'})"
+             for g in known if not g.supports_branch(pin)]
+    if open_required and not pinned.open_kernel_modules:
+        notes.append(f"pinned branch {pin} has no open kernel modules on {os_name}")
+    return notes
+
+
+def _newest(fitting: list[InstallableBranch], os_name: str,
+            today: datetime.date) -> tuple[InstallableBranch, str]:
+    """The newest fitting branch NVIDIA still supports, else the newest fitting one."""
+    supported = {b.branch: b for b in driver_lifecycle.supported(today)}
+    maintained = [b for b in fitting if b.branch in supported]
+    if maintained:
+        info = supported[maintained[-1].branch]
+        return maintained[-1], (f"newest branch NVIDIA supports ({info.kind} to {info.eol}) "
+                                f"installable on {os_name} that drives every GPU")
+    return fitting[-1], (f"newest branch installable on {os_name} that drives every GPU "
+                         "(none that NVIDIA still supports does)")
+
+
+def eol_warning(branch: int, gpus: Iterable[Classification],
+                today: datetime.date) -> str | None:
+    """One line when the branch is past NVIDIA's end of life or ends within
+    driver_lifecycle.EOL_WARNING_DAYS, with the supported branches that drive every one of
+    the GPUs (the way out); None otherwise. gpu_preflight, `gpuprov hw choose` and verify's
+    driver.branch-eol say it in these words."""
+    ending = driver_lifecycle.eol_note(branch, today)
+    if ending is None:
+        return None
+    gpus = [g for g in gpus if g.min_branch is not None]
+    ways_out = [b for b in driver_lifecycle.supported(today)
+                if b.branch != branch and all(g.supports_branch(b.branch) for g in gpus)]
+    if not ways_out:
+        return f"{ending}: no supported branch drives these GPUs"
+    return (f"{ending}: move to " + " or ".join(
+        f"R{b.branch} ({b.kind}, to {b.eol})" for b in reversed(ways_out)))
 
 
 def _nothing_fits(known: list[Classification], offered: tuple[InstallableBranch, ...],

@@ -67,6 +67,19 @@ class Settings:
     cuda_sources_path: str = "/etc/apt/sources.list.d/gpuprov-nvidia-cuda.sources"
     cuda_keyring: str = "/etc/apt/keyrings/gpuprov-nvidia-cuda.asc"
     arch: str | None = None  # None: x86_64 (the facts a run gathers always have it)
+    # dnf: the branch is a stream of NVIDIA's `nvidia-driver` module (RHEL 8, 9); False: the
+    # repository has no modules (RHEL 10) and dnf is asked for the branch's versions, then
+    # versionlock keeps them ([cuda-rhel] in driver_branches).
+    dnf_modules: bool = True
+    # Kernel headers for DKMS: the running kernel's (vars/<OS>.yml) when
+    # install_kernel_headers, and the headers meta-package of the kernel's flavour (a pattern
+    # with {flavour}, or a fixed name) when install_kernel_headers_meta, so that DKMS builds
+    # the module for every kernel installed later.
+    kernel: str | None = None  # ansible_facts kernel, the running release
+    kernel_headers: tuple = ()
+    install_kernel_headers: bool = True
+    kernel_headers_meta: str | None = None
+    install_kernel_headers_meta: bool = True
 
     @property
     def from_cuda_apt(self) -> bool:
@@ -85,7 +98,33 @@ class Settings:
         if values.get("version") is not None:
             values["version"] = str(values["version"])
         values["extra_packages"] = tuple(values.get("extra_packages") or ())
+        values["kernel_headers"] = tuple(values.get("kernel_headers") or ())
         return cls(**values)
+
+
+# The flavour in a kernel release, after its version and ABI: Debian's 6.1.0-27-amd64 and
+# 6.12.38+deb13-cloud-amd64, Ubuntu's 6.8.0-45-generic and 5.15.0-1050-aws. RHEL's releases
+# (5.14.0-427.13.1.el9_4.x86_64) have none: its meta-package is named without one.
+_KERNEL_FLAVOUR = re.compile(r"^[0-9.]+(?:\+\w+)?(?:-[0-9][\w.]*)?-(?P<flavour>[a-z][a-z0-9-]*)$")
+
+
+def kernel_flavour(release: str | None) -> str | None:
+    match = _KERNEL_FLAVOUR.match(release or "")
+    return match["flavour"] if match else None
+
+
+def kernel_headers(s: Settings) -> list[str]:
+    """The headers packages the role installs: the running kernel's, and the meta-package
+    that pulls in the headers of each new kernel of the same flavour (linux-headers-amd64,
+    linux-headers-generic, kernel-devel-matched)."""
+    names = list(s.kernel_headers) if s.install_kernel_headers else []
+    if s.install_kernel_headers_meta and s.kernel_headers_meta:
+        flavour = kernel_flavour(s.kernel)
+        if "{flavour}" not in s.kernel_headers_meta:
+            names.append(s.kernel_headers_meta)
+        elif flavour is not None:
+            names.append(s.kernel_headers_meta.format(flavour=flavour))
+    return names
 
 
 def _flavour(s: Settings) -> str:
@@ -113,8 +152,13 @@ def plan(s: Settings) -> dict:
     driver, extra = _driver_packages(s, branch_packages, flavour)
     names = list(driver)
     apt = s.package_manager == "apt"
+    dnf_stream = (f"nvidia-driver:{s.branch}-{'open' if flavour == 'open' else 'dkms'}"
+                  if s.package_manager == "dnf" and s.dnf_modules else None)
     if s.version is not None and s.package_manager in VERSION_SEPARATORS:
         names = [f"{n}{VERSION_SEPARATORS[s.package_manager]}{s.version}" for n in driver]
+    elif s.package_manager == "dnf" and not s.dnf_modules:
+        # No module stream keeps dnf on the branch: name it (dnf matches name-version globs).
+        names = [f"{n}-{s.branch}.*" for n in driver]
     return {
         "branch": s.branch,
         "flavour": flavour,
@@ -134,7 +178,7 @@ def plan(s: Settings) -> dict:
         "held_packages": driver + extra,
         "hold": None,  # as nvidia_driver_hold says
         "pin_package": None,
-        "dnf_module_stream": f"nvidia-driver:{s.branch}-{'open' if flavour == 'open' else 'dkms'}",
+        "dnf_module_stream": dnf_stream,
         "apt_sources_template": s.apt_sources_template,
         "apt_sources_path": s.apt_sources_path,
         "cuda_repo_url": None,
@@ -147,6 +191,7 @@ def plan(s: Settings) -> dict:
         # package (it would keep apt on its branch) and the role's repository files.
         "removed_packages": ["nvidia-driver-pinning-*"] if apt else [],
         "removed_files": [s.cuda_sources_path, s.cuda_keyring] if apt else [],
+        "kernel_headers": kernel_headers(s),
         "problem": setting_problem(s, branch_packages, flavour),
     }
 
@@ -156,16 +201,19 @@ def _cuda_apt_plan(s: Settings) -> dict:
     (or version) kept by NVIDIA's version-lock package, installed in its own apt run before
     the driver (its preferences file must exist when apt resolves the driver). NVIDIA advises
     against apt-mark hold on top of it, so the role holds nothing here and releases the holds
-    a Debian-archive driver left (switching sources)."""
-    branch_packages = s.cuda_packages.get("default") or {}
+    a Debian-archive driver left (switching sources). Ubuntu's names carry the branch up to
+    580 (libnvidia-compute-580) and not from 590 on: cuda_packages has the branch's own
+    entry where it differs from "default"."""
+    branch_packages = s.cuda_packages.get(s.branch) or s.cuda_packages.get("default") or {}
     flavour = _flavour(s)
-    driver = [str(n) for n in branch_packages.get(flavour) or []]
+    driver = [str(n).replace("{branch}", s.branch) for n in branch_packages.get(flavour) or []]
     # Every driver package name the role knows on this OS (Debian's archive's, every branch
     # and flavour, and NVIDIA's): a hold left on any of them by a Debian-archive driver stops
     # apt's move to NVIDIA's versions ("held broken packages"), so they are released first.
-    known = {str(n) for flavours in s.packages.values() for names in flavours.values()
-             for n in names or []}
-    known |= {str(n) for names in branch_packages.values() for n in names or []}
+    known = {str(n).replace("{branch}", s.branch) for flavours in s.packages.values()
+             for names in flavours.values() for n in names or []}
+    known |= {str(n).replace("{branch}", s.branch) for names in branch_packages.values()
+              for n in names or []}
     known |= {str(n) for n in s.extra_packages}
     # nvidia_driver_version as apt spells it (580.105.08-1, 580.105.08-*) or upstream's
     # (580.105.08); the version-lock package is named by the upstream version.
@@ -203,6 +251,7 @@ def _cuda_apt_plan(s: Settings) -> dict:
         "written_files": [s.cuda_sources_path, s.blacklist_path],
         "removed_packages": [],
         "removed_files": [],
+        "kernel_headers": kernel_headers(s),
         "problem": problem,
     }
 

@@ -35,6 +35,12 @@ Sources (each fact below comes from one of these; retrieved 2026-11-22):
     modules.
 
 [nv-cc] CUDA compute capability table (developer.nvidia.com/cuda-gpus) for compute_capability.
+
+GPUs missing from the table (boards in no README list, newer boards) are classified from their
+pci.ids name on the node (classify(..., chip_name=...)): the chip codename that starts it
+(GH100, GA100, GM107GL...) names the architecture by NVIDIA's codename scheme, and that
+architecture's branch rules apply with the newest first branch of any of its known boards
+(a conservative floor). Such a Classification has source "pci.ids", and choose_branch says so.
 """
 
 from __future__ import annotations
@@ -324,6 +330,64 @@ def architecture_from_nvml(value: int) -> str | None:
     return NVML_ARCHITECTURES.get(value)
 
 
+# Chip codename prefix -> architecture ([nv-cc]: the codename's letters name the family).
+_CHIP_FAMILIES = {"GK": "kepler", "GM": "maxwell", "GP": "pascal", "GV": "volta",
+                  "TU": "turing", "GA": "ampere", "AD": "ada-lovelace", "GH": "hopper",
+                  "GB": "blackwell"}
+# Compute capability per chip where the family has several ([nv-cc]); the first match wins.
+_CHIP_CC = (("GK110", "3.5"), ("GK180", "3.5"), ("GK210", "3.7"), ("GK1", "3.0"), ("GM10", "5.0"),
+            ("GM20", "5.2"), ("GP100", "6.0"), ("GP10", "6.1"), ("GV100", "7.0"), ("TU1", "7.5"),
+            ("GA100", "8.0"), ("GA10", "8.6"), ("AD10", "8.9"), ("GH100", "9.0"),
+            ("GB100", "10.0"), ("GB102", "10.0"), ("GB2", "12.0"))
+_CHIP = re.compile(r"^(?P<chip>(?:" + "|".join(_CHIP_FAMILIES) + r")\d{3})[A-Z]*\s*"
+                   r"(?:\[(?P<board>[^]]+)\])?")
+# Where pci.ids lives: Debian and Ubuntu (package pci.ids), RHEL (hwdata).
+PCI_IDS_PATHS = ("/usr/share/misc/pci.ids", "/usr/share/hwdata/pci.ids")
+
+
+def pci_ids_name(device_id: int, text: str) -> str | None:
+    """The device's name under NVIDIA's vendor line in pci.ids text ("GH100 [H100]")."""
+    in_nvidia = False
+    wanted = f"{device_id:04x}"
+    for line in text.splitlines():
+        if line.startswith(f"{NVIDIA_VENDOR_ID:04x} "):
+            in_nvidia = True
+        elif in_nvidia and line[:1] not in ("\t", "#", ""):
+            return None  # the next vendor
+        elif in_nvidia and line.startswith("\t") and not line.startswith("\t\t"):
+            device, _, name = line.strip().partition(" ")
+            if device.lower() == wanted:
+                return name.strip()
+    return None
+
+
+def model_from_chip(device_id: int, chip_name: str) -> GpuModel | None:
+    """A GpuModel for a device the table lacks, from its pci.ids name; None where the name
+    starts with no chip codename gpuprov knows."""
+    match = _CHIP.match(chip_name.strip())
+    if not match:
+        return None
+    chip, board = match["chip"], (match["board"] or "").strip()
+    architecture = _CHIP_FAMILIES[chip[:2]]
+    arch = _ARCH[architecture]
+    known = [m for m in _TABLE if m.architecture == architecture]
+    floor = max(m.min_branch for m in known)
+    top = arch.max_branch
+    if re.search(r"GRID K(?:1|2|340)\b", board):  # NVIDIA's legacy list: they stop at 340
+        top = 340
+    words = [w for w in board.split() if w not in ("Tesla", "GRID", "NVIDIA")]
+    series = re.sub(r"[^a-z0-9-]", "", words[0].lower()) if words else chip.lower()
+    return GpuModel(
+        device_id=device_id, name=board or chip, architecture=architecture,
+        compute_capability=next((cc for prefix, cc in _CHIP_CC if chip.startswith(prefix)), ""),
+        min_branch=floor, max_branch=top,
+        recommended_branch=arch.recommended_branch if top is None else min(
+            top, arch.recommended_branch),
+        open_kernel_modules=arch.open_kernel_modules,
+        open_kernel_modules_required=arch.open_kernel_modules_required or "GH200" in board,
+        series=series)
+
+
 class InvalidPciId(ValueError):
     """The text is not an NVIDIA PCI ID. A ValueError, not a GpuprovError: this module ships
     to nodes alone, so the CLI turns it into a GpuprovError."""
@@ -356,12 +420,19 @@ class Classification:
     open_kernel_modules: bool | None = None
     series: str | None = None
     model: GpuModel | None = dataclasses.field(default=None, compare=False, repr=False)
+    # "table": gpuprov's table; "pci.ids": inferred from the chip of the pci.ids name
+    source: str | None = None
+    chip_name: str | None = None  # the pci.ids name it was inferred from
 
     @property
     def message(self) -> str:
         """One line for people: what this GPU needs."""
         if self.status == "supported":
             top = f"-{self.max_branch}" if self.max_branch is not None else "+"
+            if self.source == "pci.ids":
+                return (f"{self.pci_id} ({self.chip_name}): not in gpuprov's hardware table; "
+                        f"{self.architecture} by its chip in pci.ids, that architecture's "
+                        f"rules assumed: driver branches {self.min_branch}{top}")
             return f"{self.name}: driver branches {self.min_branch}{top}"
         if self.status == "legacy":
             return (
@@ -389,11 +460,16 @@ class Classification:
             "open_kernel_modules": self.open_kernel_modules,
             "status": self.status,
             "series": self.series,
+            "source": self.source,
+            "chip_name": self.chip_name,
         }
 
 
-def classify(pci_id: str, subsystem_device: int | None = None) -> Classification:
-    """Classify one PCI ID; InvalidPciId for text that is not a PCI ID or not NVIDIA's."""
+def classify(pci_id: str, subsystem_device: int | None = None,
+             chip_name: str | None = None) -> Classification:
+    """Classify one PCI ID; InvalidPciId for text that is not a PCI ID or not NVIDIA's.
+    chip_name, the device's pci.ids name, classifies a device the table lacks (source
+    "pci.ids"); without it such a device is "unknown"."""
     vendor, device = parse_pci_id(pci_id)
     if vendor != NVIDIA_VENDOR_ID:
         raise InvalidPciId(
@@ -401,8 +477,11 @@ def classify(pci_id: str, subsystem_device: int | None = None) -> Classification
         )
     normalised = f"{vendor:04x}:{device:04x}"
     model = lookup(device, subsystem_device)
+    source = "table"
+    if model is None and chip_name:
+        model, source = model_from_chip(device, chip_name), "pci.ids"
     if model is None:
-        return Classification(pci_id=normalised, status="unknown")
+        return Classification(pci_id=normalised, status="unknown", chip_name=chip_name or None)
     return Classification(
         pci_id=normalised,
         status=model.status,
@@ -415,4 +494,6 @@ def classify(pci_id: str, subsystem_device: int | None = None) -> Classification
         open_kernel_modules=model.open_kernel_modules,
         series=model.series,
         model=model,
+        source=source,
+        chip_name=chip_name if source == "pci.ids" else None,
     )

@@ -6,11 +6,12 @@ set -euo pipefail
 # podman, runc, debootstrap, uidmap, slirp4netns: the lab's node containers and image;
 # openssh-client: reaching the nodes; gcc, libc6-dev: the simulated NVML library;
 # python3-venv: the project's virtualenv; dpkg-dev (dpkg-scanpackages), gnupg: the lab's
-# signed package repository of the simulated NVIDIA container toolkit (gpuprov/lab/pkgrepo.py).
+# signed package repository of the simulated NVIDIA container toolkit (gpuprov/lab/pkgrepo.py);
+# pci.ids: the real PCI ID list the hardware tests classify GPUs missing from the table with.
 packages=(
   podman runc debootstrap uidmap slirp4netns
   openssh-client gcc libc6-dev python3 python3-venv git make ca-certificates
-  dpkg-dev gnupg
+  dpkg-dev gnupg pci.ids
 )
 
 missing=()

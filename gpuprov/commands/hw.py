@@ -14,10 +14,9 @@ is not a number, an unknown source).
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 
-from gpuprov import driver_branches, driver_lifecycle, hardware
+from gpuprov import driver_branches, hardware
 from gpuprov.errors import ExitCode, GpuprovError
 from gpuprov.output import print_json, render_table
 
@@ -36,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     classify.add_argument("--pci-id", dest="pci_ids", action="append", required=True,
                           metavar="ID", help="10de:15f8, 0x15f8 or 15f8 (repeatable)")
+    classify.add_argument("--pci-ids", dest="pci_ids_file", metavar="FILE", default=None,
+                          help="classify GPUs the table lacks by their chip's name in this "
+                          "pci.ids file (e.g. /usr/share/misc/pci.ids)")
     classify.add_argument("--json", action="store_true", help="print a JSON list")
     classify.set_defaults(func=run)
     choose = hw_commands.add_parser(
@@ -55,6 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         metavar="ID", help="10de:2330 (repeatable: one per GPU, or per model)")
     choose.add_argument("--pin", default=None, metavar="BRANCH",
                         help="nvidia_driver_branch, the branch the inventory pins")
+    choose.add_argument("--pci-ids", dest="pci_ids_file", metavar="FILE", default=None,
+                        help="classify GPUs the table lacks by their chip's name in this "
+                        "pci.ids file, as gpu_preflight does with the node's")
     choose.add_argument("--json", action="store_true", help="print a JSON object")
     choose.set_defaults(func=run_choose)
 
@@ -65,9 +70,32 @@ def _branches(result: hardware.Classification) -> str | None:
     return f"{result.min_branch}-{result.max_branch if result.max_branch else 'current'}"
 
 
-def run(args: argparse.Namespace) -> int:
+def _chip_names(path: str | None, pci_ids: list[str]) -> dict[str, str | None]:
+    """PCI ID -> its name in the pci.ids file (only with --pci-ids)."""
+    if path is None:
+        return {}
     try:
-        results = [hardware.classify(pci_id) for pci_id in args.pci_ids]
+        text = open(path, encoding="utf-8", errors="replace").read()  # noqa: SIM115
+    except OSError as exc:
+        raise GpuprovError(f"--pci-ids {path}: cannot read it ({exc.strerror}); give the "
+                           "path of a pci.ids file (Debian: /usr/share/misc/pci.ids from the "
+                           "pci.ids package)", ExitCode.USAGE) from None
+    names = {}
+    for pci_id in pci_ids:
+        try:
+            vendor, device = hardware.parse_pci_id(pci_id)
+        except hardware.InvalidPciId:
+            continue  # classify says what is wrong with it
+        if vendor == hardware.NVIDIA_VENDOR_ID:
+            names[pci_id] = hardware.pci_ids_name(device, text)
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    names = _chip_names(args.pci_ids_file, args.pci_ids)
+    try:
+        results = [hardware.classify(pci_id, chip_name=names.get(pci_id))
+                   for pci_id in args.pci_ids]
     except hardware.InvalidPciId as exc:
         raise GpuprovError(str(exc), ExitCode.USAGE) from exc
     if args.json:
@@ -84,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
     problems = [result for result in results if result.status != "supported"]
     for result in problems:
         print(f"gpuprov: {result.message}", file=sys.stderr)
+    for result in results:
+        if result.source == "pci.ids":
+            print(f"gpuprov: warning: {result.message}", file=sys.stderr)
     return int(ExitCode.CHECK_FAILED if problems else ExitCode.OK)
 
 
@@ -100,24 +131,12 @@ def split_os(text: str) -> tuple[str, str]:
 def run_choose(args: argparse.Namespace) -> int:
     os_id, version = split_os(args.os_name)
     try:
-        choice = driver_branches.choose_branch(args.pci_ids, os_id, version,
-                                               pinned_branch=args.pin, source=args.source)
+        choice = driver_branches.choose_branch(
+            args.pci_ids, os_id, version, pinned_branch=args.pin, source=args.source,
+            chip_names=_chip_names(args.pci_ids_file, args.pci_ids))
     except ValueError as exc:  # hardware.InvalidPciId is one
         raise GpuprovError(str(exc), ExitCode.USAGE) from None
     doc = choice.to_dict()
-    # NVIDIA's lifecycle of the branch, as of today (gpuprov/driver_lifecycle.py).
-    ending = (driver_lifecycle.eol_note(choice.branch, datetime.date.today())
-              if choice.branch else None)
-    if ending:
-        # Only branches that drive every GPU of the node are a way out.
-        ways_out = [b for b in driver_lifecycle.supported(datetime.date.today())
-                    if all(g.min_branch is not None and g.min_branch <= b.branch
-                           and (g.max_branch is None or b.branch <= g.max_branch)
-                           for g in choice.gpus)]
-        doc["notes"].append(f"{ending}: " + (
-            "supported branches that drive these GPUs: " + ", ".join(
-                f"R{b.branch} ({b.kind}, to {b.eol})" for b in ways_out)
-            if ways_out else "no supported branch drives these GPUs"))
     if args.json:
         print_json({key: doc[key] for key in
                     ("ok", "branch", "open_kernel_modules", "packages", "reason", "notes")})

@@ -85,6 +85,13 @@ FAULTS: dict[str, Fault] = {
             per_gpu=True,
         ),
         Fault(
+            "next-kernel-no-module",
+            "a newer kernel is installed (/boot/vmlinuz-6.1.0-999-amd64, its /lib/modules) "
+            "without an nvidia module, as after a kernel upgrade without the headers DKMS "
+            "needs: the node would boot without its driver",
+            per_gpu=False, layer="node",
+        ),
+        Fault(
             "xid-79",
             "the kernel log has the driver's XID 79 for one GPU (\"GPU has fallen off the "
             "bus\"), as on a GPU that needs a reset or a reseat",

@@ -44,7 +44,7 @@ from pathlib import Path
 import yaml
 
 from gpuprov.errors import GpuprovError
-from gpuprov.lab import cudarepo, image, pkgrepo, podman, profiles, simhw
+from gpuprov.lab import cudarepo, image, nodefaults, pkgrepo, podman, profiles, simhw
 from gpuprov.lab import faults as lab_faults
 from gpuprov.lab.kube import app as kube
 from gpuprov.lab.kube import faults as kube_faults
@@ -68,6 +68,7 @@ LAB_OVERRIDES: dict[str, object] = {
     # nothing, there is no initramfs, and no module can be loaded, so nvidia-persistenced
     # (which needs /dev/nvidiactl) cannot start. Real nodes keep the defaults (true).
     "nvidia_driver_install_kernel_headers": False,
+    "nvidia_driver_install_kernel_headers_meta": False,
     "nvidia_driver_rebuild_initramfs": False,
     "nvidia_driver_load_module": False,
     "nvidia_driver_start_persistenced": False,
@@ -405,6 +406,7 @@ class Lab:
             "ssh": f"127.0.0.1:{node.ssh_port}",
             "gpus": len(profiles.NODE_PROFILES[node.profile].gpus),
             "faults": (simhw.active_faults(ndir) if node.has_gpu else [])
+            + nodefaults.active_faults(ndir)
             + kube_faults.active_faults(self.kube_dir, node.name),
         }
 
@@ -421,6 +423,15 @@ class Lab:
                 raise GpuprovError(f"fault {fault!r} hits the whole node: leave out --gpu")
             change = kube_faults.clear_fault if clear else kube_faults.set_fault
             change(self.kube_dir, node.name, fault)
+        elif spec.layer == "node":
+            if spec.needs_gpu and not node.has_gpu:
+                raise GpuprovError(
+                    f"node {node.name} has no GPUs: fault {fault!r} needs a GPU node"
+                )
+            if gpu_index is not None:
+                raise GpuprovError(f"fault {fault!r} hits the whole node: leave out --gpu")
+            change = nodefaults.clear_fault if clear else nodefaults.set_fault
+            change(self.node_dir(node.name), node.container, fault)
         elif clear:
             simhw.clear_fault(self.node_dir(node.name), fault)
         else:

@@ -33,6 +33,8 @@ Schema (schema_version 1; keys are always present, values may be null):
                       link {current_speed "8.0 GT/s PCIe", current_gen, current_width,
                             max_speed, max_gen, max_width},
                       driver (bound kernel driver, e.g. "nvidia"),
+                      pci_ids_name (the node's pci.ids name, read only for a device
+                      gpuprov's table lacks: "GH100 [H100]"),
                       classification (gpuprov.hardware.classify(...).to_dict()),
                       classification_error ]
     nvml            available, error, library {path, version (from the file name of
@@ -85,6 +87,10 @@ Schema (schema_version 1; keys are always present, values may be null):
                     cdi_specs [{path, kind, error, devices [names], driver_versions
                       [the x.y.z of the driver libraries it mounts]}],
                     sockets {containerd, docker, crio}
+    boot            kernels [/boot images], running_kernel, next_kernel (the newest image),
+                    modules {release: {path, kind "dkms" | "packaged", version, signer,
+                      sig_key, signed, error} | null}, secure_boot (null: no EFI variable),
+                    trusted_keys [asymmetric key descriptions] (gpuprov/probe/boot.py)
     summary         pci_gpu_count, nvml_gpu_count, nvml_healthy_gpu_count, gpu_node
 
 "nvidia_runtime" means a runtime named "nvidia" whose binary is

@@ -43,12 +43,27 @@ def link_generation(speed: str | None) -> int | None:
     return _GEN_BY_RATE.get(float(match.group(1))) if match else None
 
 
-def _classify(pci_id: str, subsystem_device: int | None) -> tuple[dict | None, str | None]:
+def _classify(pci_id: str, subsystem_device: int | None,
+              chip_name: str | None) -> tuple[dict | None, str | None]:
     try:
         # The subsystem ID tells boards sharing a chip apart (an A2 from an A16).
-        return hardware.classify(pci_id, subsystem_device).to_dict(), None
+        return hardware.classify(pci_id, subsystem_device, chip_name).to_dict(), None
     except Exception as exc:  # the table is data: a bug there must not hide the GPU
         return None, f"{type(exc).__name__}: {exc}"
+
+
+def chip_name(root: Root, device: int) -> str | None:
+    """The device's name in the node's pci.ids, read only for a device gpuprov's table lacks
+    (hardware.classify infers its architecture from the chip in it)."""
+    if any(m.device_id == device for m in hardware.models()):
+        return None
+    for path in hardware.PCI_IDS_PATHS:
+        try:
+            text = root.path(path).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        return hardware.pci_ids_name(device, text)
+    return None
 
 
 def _device(root: Root, address: str) -> dict | None:
@@ -70,7 +85,9 @@ def _device(root: Root, address: str) -> dict | None:
         link[f"{which}_width"] = _int(root.read_line(f"{base}/{which}_link_width"))
     driver_link = root.path(f"{base}/driver")
     driver = os.path.basename(os.readlink(driver_link)) if driver_link.is_symlink() else None
-    classification, classification_error = _classify(pci_id, sub_device) if pci_id else (None, None)
+    chip = chip_name(root, device) if device is not None else None
+    classification, classification_error = (_classify(pci_id, sub_device, chip) if pci_id
+                                            else (None, None))
     return {
         "address": address,
         "device_id": pci_id,
@@ -84,6 +101,7 @@ def _device(root: Root, address: str) -> dict | None:
         "numa_node": _int(root.read_line(f"{base}/numa_node")),
         "link": link,
         "driver": driver,
+        "pci_ids_name": chip,
         "classification": classification,
         "classification_error": classification_error,
     }

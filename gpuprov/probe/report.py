@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import host, nvml, packages, pci, runtime
+from . import boot, host, nvml, packages, pci, runtime
 from .fs import Root
 
 SCHEMA_VERSION = 1
@@ -59,6 +59,9 @@ def collect(root: str = "/", nvml_module: Any = None, run: packages.Runner | Non
             lambda: runtime.collect(fs), errors, "container_runtime", None
         ),
     }
+    running = (report["host"] or {}).get("kernel")
+    report["boot"] = _section(lambda: boot.collect(fs, running, run or packages.run_command),
+                              errors, "boot", None)
     nvml_doc = report["nvml"] or {}
     report["summary"] = {
         "pci_gpu_count": len(report["pci"]),

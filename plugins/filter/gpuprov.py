@@ -104,10 +104,12 @@ def gpuprov_probe_gpus(pci: Any) -> list[dict]:
 
 
 def gpuprov_choose_branch(
-    pci_ids: Any, os_id: str, os_version: str, pinned_branch: Any = None, source: Any = None
+    pci_ids: Any, os_id: str, os_version: str, pinned_branch: Any = None, source: Any = None,
+    chip_names: Any = None,
 ) -> dict:
     """The driver branch for a node with these GPUs on this OS, from the driver source
-    (nvidia_driver_source; None: the OS's default) (see gpuprov.driver_branches)."""
+    (nvidia_driver_source; None: the OS's default) (see gpuprov.driver_branches). chip_names:
+    PCI ID -> the node's pci.ids name, for GPUs the hardware table lacks."""
     _, driver_branches = _gpuprov()
     ids = [str(i) for i in _items(pci_ids, "gpuprov_choose_branch")]
     # Inventory values arrive as Ansible's own str/int subclasses; gpuprov wants plain ones.
@@ -116,6 +118,8 @@ def gpuprov_choose_branch(
         choice = driver_branches.choose_branch(
             ids, str(os_id), str(os_version), pinned_branch=pinned,
             source=None if source is None else str(source),
+            chip_names={str(k): None if v is None else str(v)
+                        for k, v in dict(chip_names or {}).items()},
         )
     except Exception as exc:  # one line for the admin instead of a traceback
         raise AnsibleFilterError(f"gpuprov_choose_branch: {exc}") from exc

@@ -4,6 +4,7 @@ the smoke tests is left behind, Ctrl-C included."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import signal
 import subprocess
@@ -15,12 +16,19 @@ import pytest
 from conftest import clear_faults, kube_api
 from kubernetes import client
 
+from gpuprov import driver_lifecycle
 from gpuprov.lab import podman
 from gpuprov.verify import pods
 from gpuprov.verify.findings import CHECKS
 
 GPU_NODES = ("gpu-kepler", "gpu-pascal", "gpu-hopper")
-EVERY_CHECK = set(CHECKS) - {"pods.cuda-compat"}  # that one needs --image
+# driver.branch-eol warns where the lab's branch is past NVIDIA's end of life (470, 535): it is
+# checked on its own (test_healthy_lab_...), not as a pass.
+EOL = "driver.branch-eol"
+# A lab node is a container: no kernel image in /boot, so the kernel it boots next is unknown
+# and driver.next-boot skips (the fault next-kernel-no-module gives it one).
+NEXT_BOOT = "driver.next-boot"
+EVERY_CHECK = set(CHECKS) - {"pods.cuda-compat", EOL, NEXT_BOOT}  # cuda-compat needs --image
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +105,17 @@ def test_healthy_lab_passes_every_check_on_every_gpu_node(verify, core):
         got = {r["check"]: r["status"] for r in doc["results"] if r["node"] == node}
         assert set(got) >= EVERY_CHECK, node
         assert {c: got[c] for c in EVERY_CHECK} == dict.fromkeys(EVERY_CHECK, "pass"), node
+    # Debian 12's 470 and 535 are past NVIDIA's end of life (2024-07, 2026-06): warnings, exit
+    # 0; gpu-hopper's R580 LTSB passes until 90 days before its end (2028-06).
+    eol = {r["node"]: r for r in doc["results"] if r["check"] == EOL}
+    assert eol["gpu-kepler"]["status"] == eol["gpu-pascal"]["status"] == "warn"
+    assert "R535 (long term support branch) reached NVIDIA's end of life 2026-06: move to " \
+        "R580" in eol["gpu-pascal"]["message"]
+    ending = driver_lifecycle.eol_note(580, datetime.date.today())
+    assert eol["gpu-hopper"]["status"] == ("warn" if ending else "pass"), eol["gpu-hopper"]
     pascal = {r["check"]: r for r in doc["results"] if r["node"] == "gpu-pascal"}
+    assert pascal[NEXT_BOOT]["status"] == "skip"
+    assert "no kernel image in /boot" in pascal[NEXT_BOOT]["message"]
     assert len(pascal["pods.gpu-count"]["details"]["seen"]) == 4
     assert len(pascal["pods.isolation"]["details"]["pods"]) == 4
     assert _verify_namespaces(core) == [] and _smoke_pods(core) == []
@@ -110,6 +128,7 @@ def test_healthy_lab_passes_every_check_on_every_gpu_node(verify, core):
     ("gpu-pascal", "hot-gpu", "gpu.thermal"),
     ("gpu-hopper", "xid-79", "gpu.xid"),
     ("gpu-hopper", "plugin-unregistered", "k8s.allocatable"),
+    ("gpu-pascal", "next-kernel-no-module", NEXT_BOOT),
 ])
 def test_fault_fails_its_check_on_its_node_only(lab, verify, restores_the_cluster, node, fault,
                                                  check):
@@ -122,7 +141,12 @@ def test_fault_fails_its_check_on_its_node_only(lab, verify, restores_the_cluste
     assert (node, check) in failed, failed
     assert {n for n, _ in failed} == {node}, failed
     others = [r for r in doc["results"] if r["node"] != node]
-    assert others and all(r["status"] in ("pass", "skip") for r in others)
+    assert others and all(r["status"] in ("pass", "skip") for r in others if r["check"] != EOL)
+    if check == NEXT_BOOT:
+        message = next(r["message"] for r in doc["results"]
+                       if (r["node"], r["check"]) == (node, check))
+        assert "kernel 6.1.0-999-amd64, the one the node boots next, has no nvidia module" \
+            in message and "apt-get install linux-headers-6.1.0-999-amd64" in message, message
 
 
 def test_double_allocate_fails_isolation(lab, verify, restores_the_cluster, core):
@@ -194,7 +218,8 @@ def test_stopped_node_is_exit_3_and_the_others_are_fully_checked(lab, verify,
     assert kepler["host.probe"] == "error"
     for node in ("gpu-pascal", "gpu-hopper"):
         got = {r["check"]: r["status"] for r in doc["results"] if r["node"] == node}
-        node_checks = {c for c, spec in CHECKS.items() if spec.phase in ("node", "cluster")}
+        node_checks = {c for c, spec in CHECKS.items()
+                       if spec.phase in ("node", "cluster") and c not in (EOL, NEXT_BOOT)}
         assert {c: got[c] for c in node_checks} == dict.fromkeys(node_checks, "pass"), node
 
 

@@ -32,7 +32,7 @@ def failing_hw(monkeypatch):
     """`hw classify` raising an expected failure, as any command may."""
     import gpuprov.hardware
 
-    def classify(pci_id, subsystem_device=None):
+    def classify(pci_id, subsystem_device=None, chip_name=None):
         raise GpuprovError("the inventory is missing: pass -i FILE", ExitCode.USAGE)
 
     monkeypatch.setattr(gpuprov.hardware, "classify", classify)

@@ -31,7 +31,7 @@ def test_json(capsys: pytest.CaptureFixture[str]) -> None:
         "pci_id": "10de:102d", "name": "Tesla K80", "architecture": "kepler",
         "compute_capability": "3.7", "min_branch": 390, "max_branch": 470,
         "recommended_branch": 470, "open_kernel_modules": False, "status": "supported",
-        "series": "k80",
+        "series": "k80", "source": "table", "chip_name": None,
     }]
 
 
@@ -75,9 +75,10 @@ def _choose(capsys, *argv: str) -> tuple[int, dict | str, str]:
 
 
 @pytest.mark.parametrize(("argv", "branch", "open_modules"), [
-    # Hopper on Debian 13: Debian's archive (550), NVIDIA's repository (newest: 590).
+    # Hopper on Debian 13: Debian's archive (550), NVIDIA's repository (the newest supported
+    # branch: R620 LTSB, to 2029-09).
     (["--os", "debian-13", "--pci-id", "10de:2330"], 550, True),
-    (["--os", "debian-13", "--source", "nvidia", "--pci-id", "10de:2330"], 590, True),
+    (["--os", "debian-13", "--source", "nvidia", "--pci-id", "10de:2330"], 620, True),
     (["--os", "debian-13", "--source", "nvidia", "--pci-id", "10de:2330", "--pin", "580"], 580,
      True),
     # Kepler + Pascal in one node: 470, the last branch for Kepler, without open modules.
@@ -123,3 +124,19 @@ def test_choose_notes_a_branch_past_nvidias_end_of_life(capsys):
     assert rc == 0 and doc["branch"] == 535
     assert any("R535 (long term support branch) reached NVIDIA's end of life 2026-06" in note
                and "R580 (LTSB, to 2028-06)" in note for note in doc["notes"])
+
+
+def test_choose_classifies_a_gpu_the_table_lacks_from_a_pci_ids_file(capsys, tmp_path):
+    # A pci.ids excerpt in the file's own format (the real file is tested in test_hardware).
+    ids = tmp_path / "pci.ids"
+    ids.write_text("10de  NVIDIA Corporation\n\t2336  GH100 [H100]\n"
+                   "10df  Emulex Corporation\n")
+    rc, doc, err = _choose(capsys, "--os", "debian-13", "--source", "nvidia", "--pci-id",
+                           "10de:2336", "--pci-ids", str(ids), "--json")
+    assert rc == 0 and doc["ok"] is True and doc["open_kernel_modules"] is True
+    assert any("hopper by its chip in pci.ids" in note for note in doc["notes"])
+    rc, _, err = _choose(capsys, "--os", "debian-13", "--pci-id", "10de:2336", "--pci-ids",
+                         str(tmp_path / "missing"))
+    assert rc == 2 and "--pci-ids" in err and err.count("\n") == 1
+    assert cli.main(["hw", "classify", "--pci-id", "10de:2336", "--pci-ids", str(ids)]) == 0
+    assert "warning: 10de:2336 (GH100 [H100])" in capsys.readouterr().err

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
+from unittest import mock
+
 import pytest
 
 from gpuprov import driver_branches
@@ -11,6 +14,8 @@ K80, P100, H100, H200, B200, GRID_K2 = (
     "10de:102d", "10de:15f8", "10de:2330", "10de:2335", "10de:2901", "10de:11bf"
 )
 BMC_VGA = "102b:0522"  # Matrox G200eR on a server's BMC: not a GPU gpuprov drives
+# The day the branch tables below were checked against NVIDIA's lifecycle (driver_lifecycle).
+TODAY = datetime.date(2026, 11, 26)
 
 
 @pytest.mark.parametrize(
@@ -26,9 +31,19 @@ def test_lab_profiles_on_debian_12(gpus: list[str], branch: int) -> None:
 
 
 def test_pinned_branch_that_supports_every_gpu_is_used() -> None:
-    choice = choose_branch([H100], "Ubuntu", "22.04", pinned_branch="535")
-    assert (choice.ok, choice.branch) == (True, 535)
-    assert choice.reason.startswith("pinned branch 535")
+    choice = choose_branch([H100], "Ubuntu", "22.04", pinned_branch="595", source="nvidia")
+    assert (choice.ok, choice.branch) == (True, 595)
+    assert choice.reason.startswith("pinned branch 595")
+
+
+@pytest.mark.parametrize("pin", [535, 550, 570])
+def test_ubuntu_transitional_branch_pin_is_refused_naming_the_branch_it_installs(pin) -> None:
+    # Ubuntu's 535-server, 550 and 570-server packages now install 580 (driver_branches [ubuntu]).
+    choice = choose_branch([H100], "Ubuntu", "24.04", pinned_branch=pin)
+    assert (choice.ok, choice.branch) == (False, None)
+    assert f"packages of branch {pin} are transitional and install 580" in choice.reason
+    assert "pin 580" in choice.reason
+    assert choose_branch([H100], "Ubuntu", "24.04", pinned_branch=580).branch == 580
 
 
 def test_pinned_branch_that_misses_a_gpu_falls_back_with_reason() -> None:
@@ -138,23 +153,55 @@ def test_os_normalisation_and_table() -> None:
 
 
 # Sources: Debian's archive and NVIDIA's CUDA repository offer different branches per release
-# (bookworm 470/535, trixie 550; NVIDIA's debian12 repository 550-590, debian13 580-590).
+# (bookworm 470/535, trixie 550; NVIDIA's debian12 repository 550-620, debian13 580-620). Where
+# no branch is pinned the newest one NVIDIA supports wins (R620 LTSB to 2029-09); Pascal's last
+# is R580 (LTSB to 2028-06); Debian's own archive has only ended branches.
 @pytest.mark.parametrize(
     ("gpus", "os_version", "source", "branch"),
     [
-        ([H100] * 8, "13", "nvidia", 590),
+        ([H100] * 8, "13", "nvidia", 620),
         ([H100] * 8, "13", None, 550),
-        ([H100] * 8, "12", "nvidia", 590),
+        ([H100] * 8, "12", "nvidia", 620),
         ([P100] * 4, "13", "nvidia", 580),  # Pascal ends with R580
         ([P100] * 4, "12", "distro", 535),
-        ([B200] * 8, "12", "nvidia", 590),
+        ([B200] * 8, "12", "nvidia", 620),
     ],
     ids=["hopper-13-nvidia", "hopper-13-distro", "hopper-12-nvidia", "pascal-13-nvidia",
          "pascal-12-distro", "blackwell-12-nvidia"],
 )
 def test_branch_per_debian_release_and_source(gpus, os_version, source, branch) -> None:
-    choice = choose_branch(gpus, "Debian", os_version, source=source)
+    choice = choose_branch(gpus, "Debian", os_version, source=source, today=TODAY)
     assert (choice.ok, choice.branch) == (True, branch), choice.reason
+
+
+def test_supported_branch_beats_a_newer_feature_branch() -> None:
+    # R620 LTSB is the newest supported branch; in a table without it R595 PB (to 2027-03)
+    # beats the newer feature branches 610 and 615, and after that R580 LTSB (to 2028-06).
+    offered = driver_branches.OS_BRANCHES[("rhel", "9", "nvidia")]
+    assert [b.branch for b in offered][-5:] == [590, 595, 610, 615, 620]
+    choice = choose_branch([H100], "rhel", "9", today=TODAY)
+    assert choice.branch == 620
+    assert "newest branch NVIDIA supports (LTSB to 2029-09)" in choice.reason
+    without_620 = {**driver_branches.OS_BRANCHES,
+                   ("rhel", "9", "nvidia"): tuple(b for b in offered if b.branch != 620)}
+    with mock.patch.dict(driver_branches.OS_BRANCHES, without_620):
+        assert choose_branch([H100], "rhel", "9", today=TODAY).branch == 595
+        # After R595's end of life the older R580 LTSB, still supported, beats the NFBs.
+        assert choose_branch([H100], "rhel", "9", today=datetime.date(2027, 4, 1)).branch == 580
+        # After R580's too only feature branches are left: the newest one, said so.
+        late = choose_branch([H100], "rhel", "9", today=datetime.date(2028, 7, 1))
+        assert late.branch == 615 and "none that NVIDIA still supports does" in late.reason
+
+
+def test_ended_branch_gets_a_note_with_the_way_out() -> None:
+    choice = choose_branch([P100] * 4, "Debian", "12", today=TODAY)
+    assert choice.branch == 535
+    assert ("R535 (long term support branch) reached NVIDIA's end of life 2026-06: move to "
+            "R580 (LTSB, to 2028-06)") in choice.notes  # Pascal: no branch after 580
+    hopper = choose_branch([H100], "Debian", "12", today=TODAY)
+    assert any("move to R620 (LTSB, to 2029-09) or R595 (PB, to 2027-03) or R580" in n
+               for n in hopper.notes)
+    assert not choose_branch([H100], "Debian", "13", source="nvidia", today=TODAY).notes
 
 
 def test_pin_580_from_nvidia_on_debian_13() -> None:
@@ -186,3 +233,48 @@ def test_rhel_defaults_to_nvidias_repository_and_has_no_distro_source() -> None:
 def test_unknown_source_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="'cuda' is not one of distro, nvidia"):
         choose_branch([H100], "Debian", "12", source="cuda")
+
+
+def test_every_supported_os_has_each_roles_data_and_branches() -> None:
+    """gpu_preflight's OS list, the roles' per-OS vars and this table name the same releases:
+    a release in one and not the others fails at run time on that OS only."""
+    from pathlib import Path
+
+    import yaml
+
+    roles = Path(__file__).resolve().parents[2] / "roles"
+    accepted = yaml.safe_load((roles / "gpu_preflight/defaults/main.yml").read_text())
+    files = {f"{'RedHat' if d == 'Rocky' else d}_{v}"
+             for d, v in (entry.split() for entry in accepted["gpu_preflight_supported_os"])}
+    for role in ("gpu_preflight", "nvidia_driver", "nvidia_container_toolkit"):
+        have = {p.stem for p in (roles / role / "vars").glob("*_*.yml")}
+        assert have == files, role
+    named = set()
+    for name in files:
+        ids = yaml.safe_load((roles / f"gpu_preflight/vars/{name}.yml").read_text())
+        os_id, version = ids["__gpu_preflight_os_id"], ids["__gpu_preflight_os_version"]
+        named.add((os_id, version))
+        assert driver_branches.installable_branches(os_id, version), name
+        # NVIDIA's apt repository where the table offers it as a source, and only there.
+        driver = yaml.safe_load((roles / f"nvidia_driver/vars/{name}.yml").read_text())
+        cuda_apt = driver["__nvidia_driver_package_manager"] == "apt" and bool(
+            driver.get("__nvidia_driver_cuda_distro"))
+        offered = (os_id, version, "nvidia") in driver_branches.OS_BRANCHES
+        assert cuda_apt == offered or driver["__nvidia_driver_package_manager"] == "dnf", name
+    assert named == {(os_id, version) for os_id, version, _ in driver_branches.OS_BRANCHES}
+
+
+def test_a_gpu_the_table_lacks_is_driven_by_its_chips_architecture_with_a_warning() -> None:
+    # H100 variant 10de:2336, named "GH100 [H100]" by pci.ids, next to a listed H100.
+    names = {"10de:2336": "GH100 [H100]"}
+    choice = choose_branch(["10de:2336", H100], "Debian", "13", source="nvidia",
+                           today=TODAY, chip_names=names)
+    assert (choice.ok, choice.branch, choice.open_kernel_modules) == (True, 620, True)
+    assert any(n.startswith("warning: 10de:2336 (GH100 [H100]): not in gpuprov's hardware "
+                            "table; hopper") for n in choice.notes)
+    # The same GPU without its pci.ids name: unknown, a pin is needed as before.
+    assert not choose_branch(["10de:2336"], "Debian", "13", source="nvidia").ok
+    # Maxwell's Tesla M10 (GM107GL) keeps Maxwell's last branch, 580.
+    m10 = choose_branch(["10de:13bd"], "Debian", "13", source="nvidia", today=TODAY,
+                        chip_names={"10de:13BD": "GM107GL [Tesla M10]"})
+    assert (m10.ok, m10.branch) == (True, 580)

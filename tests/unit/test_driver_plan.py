@@ -35,6 +35,7 @@ def _settings(os_file: str = "Debian_12", **overrides) -> dict:
         "extra_packages": data["__nvidia_driver_extra_packages"],
         "prebuilt": data.get("__nvidia_driver_prebuilt_modules"),
         "apt_sources_template": data.get("__nvidia_driver_apt_sources_template"),
+        "dnf_modules": data.get("__nvidia_driver_dnf_modules", True),
     }
     return {**settings, **overrides}
 
@@ -201,7 +202,8 @@ def _cuda_settings(os_file: str = "Debian_13", **overrides) -> dict:
         "branch": "580", "source": "nvidia",
         "cuda_distro": data.get("__nvidia_driver_cuda_distro"),
         "cuda_repo_key": data.get("__nvidia_driver_cuda_repo_key"),
-        "cuda_packages": MAIN["__nvidia_driver_cuda_packages"],
+        "cuda_packages": data.get("__nvidia_driver_cuda_packages",
+                                  MAIN["__nvidia_driver_cuda_packages"]),
         "cuda_pin_package": MAIN["__nvidia_driver_cuda_pin_package"],
         "cuda_sources_template": MAIN["__nvidia_driver_cuda_sources_template"],
         "arch": "x86_64", **overrides})
@@ -250,8 +252,47 @@ def test_the_lock_package_and_the_branch_are_work_holds_are_released(driver):
 
 
 def test_nvidia_source_on_an_os_without_nvidias_apt_repository_is_refused(driver):
-    plan = driver.driver_plan(_cuda_settings("Ubuntu_24"))
+    plan = driver.driver_plan(_cuda_settings("Ubuntu_24", cuda_distro=None))
     assert "no apt repository of NVIDIA's for Ubuntu 24" in plan["problem"]
+
+
+# Ubuntu from NVIDIA's repository ([cuda-ubuntu]): 580's names carry the branch, 590's do not;
+# both kept by the version-lock package.
+@pytest.mark.parametrize(("os_file", "branch", "flavour", "names", "url", "key"), [
+    ("Ubuntu_24", "580", "open",
+     ["nvidia-dkms-580-open", "nvidia-headless-no-dkms-580-open", "nvidia-utils-580",
+      "libnvidia-compute-580"], "ubuntu2404", "3bf863cc.pub"),
+    ("Ubuntu_22", "595", "proprietary",
+     ["nvidia-dkms", "nvidia-headless-no-dkms", "nvidia-utils", "libnvidia-compute"],
+     "ubuntu2204", "3bf863cc.pub"),
+    ("Ubuntu_26", "620", "open",
+     ["nvidia-dkms-open", "nvidia-headless-no-dkms-open", "nvidia-utils", "libnvidia-compute"],
+     "ubuntu2604", "60DF8A40.pub"),
+])
+def test_ubuntu_from_nvidias_repository(driver, os_file, branch, flavour, names, url, key):
+    modules = "open" if flavour == "open" else "auto"
+    plan = driver.driver_plan(_cuda_settings(os_file, branch=branch, kernel_modules=modules,
+                                             open_supported=True))
+    assert plan["problem"] is None and plan["flavour"] == flavour
+    assert plan["driver_packages"] == names
+    assert plan["install_names"] == [f"{n}={branch}.*" for n in names]
+    assert plan["pin_package"] == f"nvidia-driver-pinning-{branch}"
+    assert plan["cuda_repo_key_url"] == \
+        f"https://developer.download.nvidia.com/compute/cuda/repos/{url}/x86_64/{key}"
+    # The Ubuntu archive's -server packages are known too: their holds are released on a switch.
+    assert f"nvidia-utils-{branch}-server" in plan["held_packages"]
+
+
+def test_rhel_10_has_no_module_stream_and_asks_dnf_for_the_branch(driver):
+    plan = driver.driver_plan(_settings("RedHat_10", branch="580", open_required=True,
+                                        open_supported=True))
+    assert plan["problem"] is None and plan["dnf_module_stream"] is None
+    assert plan["install_names"] == ["kmod-nvidia-open-dkms-580.*", "nvidia-driver-cuda-580.*",
+                                     "nvidia-driver-cuda-libs-580.*", "nvidia-persistenced-580.*"]
+    assert plan["held_packages"] == ["kmod-nvidia-open-dkms", "nvidia-driver-cuda",
+                                     "nvidia-driver-cuda-libs", "nvidia-persistenced"]
+    pinned = driver.driver_plan(_settings("RedHat_10", branch="580", version="580.105.08"))
+    assert pinned["install_names"][0] == "kmod-nvidia-latest-dkms-580.105.08"
 
 
 def test_back_to_debians_archive_removes_nvidias_lock_and_repository_and_moves_the_branch(
@@ -270,3 +311,43 @@ def test_back_to_debians_archive_removes_nvidias_lock_and_repository_and_moves_t
     assert not work["apt_converged"]
     # Installed but of another branch: apt is asked for any 535 of Debian's, as apt spells it.
     assert work["install_names"][:2] == ["nvidia-kernel-dkms=535.*", "nvidia-smi=535.*"]
+
+
+# Kernel headers for DKMS: the running kernel's and the meta-package of its flavour, with
+# kernel releases as the distributions name them.
+@pytest.mark.parametrize(("os_file", "kernel", "meta"), [
+    ("Debian_12", "6.1.0-27-amd64", "linux-headers-amd64"),
+    ("Debian_12", "6.1.0-27-cloud-amd64", "linux-headers-cloud-amd64"),
+    ("Debian_13", "6.12.38+deb13-amd64", "linux-headers-amd64"),
+    ("Debian_13", "6.12.38+deb13-rt-arm64", "linux-headers-rt-arm64"),
+    ("Ubuntu_24", "6.8.0-45-generic", "linux-headers-generic"),
+    ("Ubuntu_22", "5.15.0-1050-aws", "linux-headers-aws"),
+    ("RedHat_9", "5.14.0-427.13.1.el9_4.x86_64", "kernel-devel-matched"),
+    ("RedHat_8", "4.18.0-553.el8_10.x86_64", "kernel-devel"),
+])
+def test_kernel_headers_are_the_running_kernels_and_the_flavours_meta_package(
+        driver, os_file, kernel, meta):
+    data = _os_data(os_file)
+    running = [n.replace("{{ ansible_facts['kernel'] }}", kernel)
+               for n in data["__nvidia_driver_kernel_headers_packages"]]
+    settings = _settings(os_file, branch="580", kernel=kernel, kernel_headers=running,
+                         kernel_headers_meta=data["__nvidia_driver_kernel_headers_meta"])
+    assert driver.driver_plan(settings)["kernel_headers"] == [*running, meta]
+    no_meta = driver.driver_plan({**settings, "install_kernel_headers_meta": False})
+    assert no_meta["kernel_headers"] == running
+    neither = driver.driver_plan({**settings, "install_kernel_headers_meta": False,
+                                  "install_kernel_headers": False})
+    assert neither["kernel_headers"] == []
+
+
+def test_headers_missing_on_a_converged_node_are_apt_work(driver):
+    plan = driver.driver_plan(_settings(
+        version="535.261.03-1", kernel="6.1.0-27-amd64",
+        kernel_headers=["linux-headers-6.1.0-27-amd64"],
+        kernel_headers_meta="linux-headers-{flavour}"))
+    installed = {n: ("535.261.03-1", True) for n in plan["driver_packages"]}
+    installed.update({"nvidia-persistenced": ("535.171.04-1", True),
+                      "linux-headers-6.1.0-27-amd64": ("6.1.115-1", False)})
+    work = driver.driver_work(_state(**installed), plan, host="gpu-a", package_manager="apt",
+                              headers=plan["kernel_headers"])
+    assert work["apt_work"] == ["linux-headers-amd64"] and not work["apt_converged"]

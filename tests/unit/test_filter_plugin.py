@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError, AnsibleLookupError
 
-from gpuprov import payload
+from gpuprov import hardware, payload
 
 REPO = Path(__file__).resolve().parents[2]
 SYSFS = REPO / "tests" / "fixtures" / "sysfs"
@@ -111,8 +112,8 @@ def test_choose_branch_kepler_and_pin_fallback():
 
 
 def test_choose_branch_honours_a_pin_given_as_inventory_string():
-    choice = filters.gpuprov_choose_branch([P100], "ubuntu", "24.04", "550")
-    assert (choice["ok"], choice["branch"]) == (True, 550)
+    choice = filters.gpuprov_choose_branch([P100], "ubuntu", "24.04", "580")
+    assert (choice["ok"], choice["branch"]) == (True, 580)
 
 
 def test_choose_branch_mixed_generations_is_not_ok():
@@ -447,3 +448,41 @@ def test_unsupported_os_says_what_to_do(tmp_path):
     assert task == "Assert that the operating system is supported and the role has data for it"
     assert msg.startswith("Fedora 40 is not a supported OS for GPU nodes (supported: Debian 12,")
     assert "Install a supported OS on gpu-pascal" in msg
+
+
+def test_preflight_classifies_a_gpu_the_table_lacks_by_the_nodes_pci_ids(tmp_path):
+    """An HGX node whose GPUs include an H100 variant gpuprov's table lacks (10de:2336): the
+    probe reads its name in the node's pci.ids (the real file of Debian's package), and the
+    preflight drives it as Hopper, with a warning in its report, instead of stopping."""
+    root = tmp_path / "variant"
+    shutil.copytree(SYSFS / "h100x8", root, symlinks=True)
+    first = sorted(p for p in (root / "sys/bus/pci/devices").iterdir()
+                   if (p / "device").read_text().strip() == "0x2330")[0]
+    (first / "device").write_text("0x2336\n")
+    system = next(Path(p) for p in hardware.PCI_IDS_PATHS if Path(p).exists())
+    (root / "usr/share/misc").mkdir(parents=True)
+    shutil.copy(system, root / "usr/share/misc/pci.ids")
+    hosts = {"gpu-variant": {"group": "gpu_nodes", "sysfs": str(root),
+                             "vars": {"nvidia_driver_source": "nvidia"}}}
+    rc, doc = run_preflight(tmp_path, "Debian 13", hosts)
+    assert rc == 0, failed_task(doc, "gpu-variant")
+    expected = filters.gpuprov_choose_branch(["10de:2336"] + [H100] * 7, "debian", "13",
+                                             None, "nvidia", {"10de:2336": "GH100 [H100]"})
+    assert facts(doc, "gpu-variant")["gpu_preflight_driver_branch"] == expected["branch"]
+    report = task_results(doc, "Report the node's GPUs and driver branch")["gpu-variant"]["msg"]
+    assert "1x H100 (hopper, cc 9.0)" in report
+    assert "warning: 10de:2336 (GH100 [H100]): not in gpuprov's hardware table; hopper" in report
+
+
+@pytest.mark.parametrize(("os_name", "os_id", "version"), [
+    ("Rocky 10", "rocky", "10"), ("Ubuntu 26", "ubuntu", "26.04")])
+def test_preflight_on_the_new_releases(tmp_path, os_name, os_id, version):
+    """RHEL/Rocky 10 and Ubuntu 26.04: the role loads their data and the chooser answers for
+    them (NVIDIA's repository on Rocky, Ubuntu's archive on Ubuntu)."""
+    rc, doc = run_preflight(tmp_path, os_name,
+                            {"gpu-hopper": {"group": "gpu_nodes", "sysfs": "h100x8"}},
+                            "--check")
+    assert rc == 0, failed_task(doc, "gpu-hopper")
+    expected = filters.gpuprov_choose_branch([H100] * 8, os_id, version)
+    assert expected["ok"] and expected["branch"] is not None
+    assert facts(doc, "gpu-hopper")["gpu_preflight_driver_branch"] == expected["branch"]

@@ -122,6 +122,8 @@ def test_one_model_per_architecture(pci_id, name, architecture, cc, min_branch, 
         "open_kernel_modules": open_modules,
         "status": "supported",
         "series": series,
+        "source": "table",
+        "chip_name": None,
     }
 
 
@@ -153,7 +155,7 @@ def test_unknown_id_is_reported_not_raised() -> None:
     assert result.status == "unknown"
     assert set(result.to_dict()) == {
         "pci_id", "name", "architecture", "compute_capability", "min_branch", "max_branch",
-        "recommended_branch", "open_kernel_modules", "status", "series",
+        "recommended_branch", "open_kernel_modules", "status", "series", "source", "chip_name",
     }
     assert "unknown" in result.message
 
@@ -205,3 +207,74 @@ def test_hardware_module_is_stdlib_only() -> None:
         for alias in node.names
     }
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+# -- GPUs the table lacks: classified by the chip of their pci.ids name ------------------------
+
+def test_the_chip_rule_agrees_with_the_table_on_every_listed_id() -> None:
+    """The pci.ids name of every ID the table has (the fixture's column, pci.ids 2026.10.24)
+    gives the table's architecture, and its compute capability where the chip names one:
+    the rule that classifies the missing IDs is held to the curated ones."""
+    checked = 0
+    for device_id, (name, _) in SOURCE.items():
+        model = hardware.lookup(device_id)
+        if model is None:
+            continue
+        inferred = hardware.model_from_chip(device_id, name)
+        assert inferred is not None, f"{device_id:04x} {name}"
+        assert inferred.architecture == model.architecture, f"{device_id:04x} {name}"
+        if inferred.compute_capability:
+            assert inferred.compute_capability == model.compute_capability, f"{device_id:04x}"
+        assert inferred.status == model.status, f"{device_id:04x} {name}"
+        checked += 1
+    assert checked == len(TABLE_IDS & set(SOURCE))
+
+
+def test_every_datacenter_id_of_the_lists_is_classified_with_its_pci_ids_name() -> None:
+    before = [d for d in SOURCE if hardware.classify(f"10de:{d:04x}").status != "unknown"]
+    after = [d for d, (name, _) in SOURCE.items()
+             if hardware.classify(f"10de:{d:04x}", chip_name=name).status != "unknown"]
+    assert len(before) == len(SOURCE) - len(EXCLUDED)
+    assert sorted(after) == sorted(SOURCE)  # every one: the excluded ones by their chip
+    for device_id in EXCLUDED:
+        result = hardware.classify(f"10de:{device_id:04x}", chip_name=SOURCE[device_id][0])
+        assert result.source == "pci.ids"
+        assert result.status == "legacy" or "not in gpuprov's hardware table" in result.message
+
+
+def _system_pci_ids() -> str:
+    for path in hardware.PCI_IDS_PATHS:
+        if Path(path).exists():
+            return Path(path).read_text(encoding="utf-8", errors="replace")
+    pytest.fail("no pci.ids on this machine: apt-get install pci.ids "
+                "(scripts/install-system-deps.sh does)")
+
+
+@pytest.mark.parametrize(("device_id", "architecture", "cc", "branches", "series"), [
+    (0x1020, "kepler", "3.5", (390, 470), "k20x"),  # Tesla K20X
+    (0x13BD, "maxwell", "5.0", (390, 580), "m10"),  # Tesla M10
+    (0x1DB2, "volta", "7.0", (450, 580), "v100"),  # Tesla V100 DGXS 16GB
+    (0x20B8, "ampere", "8.0", (535, None), "a100x"),  # A100X
+    (0x2336, "hopper", "9.0", (570, None), "h100"),  # H100
+])
+def test_pci_ids_fallback_on_the_systems_real_file(device_id, architecture, cc, branches, series):
+    text = _system_pci_ids()
+    name = hardware.pci_ids_name(device_id, text)
+    assert name is not None and hardware.lookup(device_id) is None
+    result = hardware.classify(f"10de:{device_id:04x}", chip_name=name)
+    assert (result.status, result.source, result.chip_name) == ("supported", "pci.ids", name)
+    assert (result.architecture, result.compute_capability) == (architecture, cc)
+    assert (result.min_branch, result.max_branch, result.series) == (*branches, series)
+    # The floor is the newest first branch of a known board of the architecture.
+    assert result.min_branch == max(m.min_branch for m in hardware.models()
+                                    if m.architecture == architecture)
+
+
+def test_pci_ids_names_that_name_no_known_chip_stay_unknown() -> None:
+    text = _system_pci_ids()
+    assert hardware.pci_ids_name(0x1AD6, text) is not None  # TU102 USB 3.1 Host Controller
+    assert hardware.classify("10de:9999", chip_name="Some Future Chip").status == "unknown"
+    assert hardware.pci_ids_name(0x0001, text) is None
+    # GRID K1/K2 boards stay legacy, as NVIDIA's legacy list has them.
+    assert hardware.classify("10de:0ff5", chip_name="GK107GL [GRID K1 Tesla USM]").status \
+        == "legacy"

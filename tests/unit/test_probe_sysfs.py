@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov import hardware
 from gpuprov.probe import host, pci
 from gpuprov.probe.fs import Root
 
@@ -38,6 +39,7 @@ def test_pci_device_facts():
             "max_width": 16,
         },
         "driver": "nvidia",
+        "pci_ids_name": None,  # read only for a device the table lacks
         "classification": p100["classification"],
         "classification_error": None,
     }
@@ -46,6 +48,28 @@ def test_pci_device_facts():
     assert h100["classification"]["architecture"] == "hopper"
     assert h100["driver"] is None
     assert (h100["numa_node"], h100["link"]["current_width"], h100["link"]["max_gen"]) == (1, 8, 5)
+
+
+def test_a_device_the_table_lacks_is_classified_from_the_nodes_pci_ids(tmp_path):
+    """An H100 variant (10de:2336) gpuprov's table lacks: the probe reads its name from the
+    node's real pci.ids (Debian's package, copied into the node's tree) and classifies it by
+    its chip."""
+    import shutil
+
+    root = tmp_path / "node"
+    shutil.copytree(ROOTS / "gpu-node", root, symlinks=True)
+    (root / "sys/bus/pci/devices/0000:86:00.0/device").write_text("0x2336\n")
+    system = next(Path(p) for p in hardware.PCI_IDS_PATHS if Path(p).exists())
+    (root / "usr/share/misc").mkdir(parents=True)
+    shutil.copy(system, root / "usr/share/misc/pci.ids")
+    _, variant = pci.collect(Root(str(root)))
+    assert variant["pci_ids_name"] == "GH100 [H100]"
+    assert {k: variant["classification"][k] for k in ("architecture", "status", "source")} == \
+        {"architecture": "hopper", "status": "supported", "source": "pci.ids"}
+    # Without pci.ids on the node it stays unknown, as before.
+    (root / "usr/share/misc/pci.ids").unlink()
+    _, variant = pci.collect(Root(str(root)))
+    assert variant["pci_ids_name"] is None and variant["classification"]["status"] == "unknown"
 
 
 def test_cpu_only_node_has_no_gpu():

@@ -4,6 +4,7 @@ mutation (the fault as the probe reports it) gives the expected status and messa
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +51,43 @@ def run(check_id: str, f: NodeFacts):
 def test_healthy_gpu_node_passes_every_node_check(name):
     results = [ProbeResult(node(n), report(n)) for n in (*GPU_NODES, "cpu-only")]
     findings = [f for f in node_findings(results, NODE_CHECKS) if f.node == name]
-    assert {f.check: f.status for f in findings} == {c.id: PASS for c in NODE_CHECKS}
+    # The recorded nodes run Debian 12's 470 and 535, both past NVIDIA's end of life on the
+    # unit tests' day (tests/unit/conftest.py): a warning, the only one.
+    assert {f.check: f.status for f in findings} == {
+        **{c.id: PASS for c in NODE_CHECKS}, "driver.branch-eol": WARN}
+
+
+def _driver(version: str) -> Callable[[dict], None]:
+    def mutate(doc: dict) -> None:
+        doc["nvml"]["driver_version"] = version
+        doc["kernel_module"]["version"] = version
+        doc["nvml"]["library"]["version"] = version
+    return mutate
+
+
+@pytest.mark.parametrize(("name", "version", "day", "status", "words"), [
+    ("gpu-pascal", None, None, WARN,
+     "driver 535.261.03: R535 (long term support branch) reached NVIDIA's end of life 2026-06: "
+     "move to R580 (LTSB, to 2028-06)"),  # Pascal's last branch is 580
+    ("gpu-hopper", None, None, WARN, "move to R620 (LTSB, to 2029-09) or R595 (PB, to 2027-03)"),
+    ("gpu-kepler", None, None, WARN, "2024-07: no supported branch drives these GPUs"),
+    ("gpu-pascal", None, "2026-04-01", WARN, "reaches NVIDIA's end of life in 2026-06"),
+    ("gpu-pascal", None, "2026-03-01", PASS, "R535 (LTSB) supported to 2026-06"),
+    ("gpu-hopper", "580.105.08", None, PASS, "R580 (LTSB) supported to 2028-06"),
+    ("gpu-hopper", "590.44.01", None, PASS, "R590 is a new feature branch without an "
+                                            "end-of-life date"),
+    ("gpu-hopper", "595.58.03", "2027-01-15", WARN, "R595 (production branch) reaches NVIDIA's "
+                                                    "end of life in 2027-03: move to R620"),
+    ("gpu-hopper", "999.1.2", None, WARN, "branch 999 is not in gpuprov's list"),
+])
+def test_branch_eol(monkeypatch, name, version, day, status, words):
+    from gpuprov.verify.checks import driver
+
+    if day:
+        monkeypatch.setattr(driver, "today", lambda: datetime.date.fromisoformat(day))
+    finding = run("driver.branch-eol", facts(name, _driver(version) if version else None))
+    assert finding.status == status and words in finding.message, finding.message
+    assert (finding.remediation is not None) == (status == WARN)
 
 
 def test_cpu_only_node_skips_gpu_checks_and_passes_the_rest():
@@ -211,3 +248,82 @@ def test_every_check_documents_itself():
         assert c.description and c.remediation and "\n" not in c.description, c.id
         assert c.severity in ("error", "warning")
     assert CHECKS["gpu.pcie"].severity == "warning"
+
+
+# -- driver.next-boot and host.secure-boot: the boot section of the probe ----------------------
+
+NEWER = "6.1.0-28-amd64"
+
+
+def _boot(**changes) -> Callable[[dict], None]:
+    def mutate(doc: dict) -> None:
+        boot = doc["boot"]
+        running = boot["running_kernel"]
+        if changes.get("newer_kernel"):
+            boot["kernels"].append(NEWER)
+            boot["next_kernel"] = NEWER
+            boot["modules"][NEWER] = changes["newer_kernel"] if changes["newer_kernel"] != "none" \
+                else None
+        if "secure_boot" in changes:
+            boot["secure_boot"] = changes["secure_boot"]
+            boot["trusted_keys"] = changes.get("trusted_keys", [])
+        if "module" in changes:
+            boot["modules"][boot["next_kernel"] or running].update(changes["module"])
+        if changes.get("container"):
+            boot.update(kernels=[], next_kernel=None, modules={running: None})
+    return mutate
+
+
+def _dkms(kernel: str, version: str) -> dict:
+    return {"path": f"/lib/modules/{kernel}/updates/dkms/nvidia.ko", "kind": "dkms",
+            "version": version, "signer": None, "sig_key": None, "signed": False, "error": None}
+
+
+@pytest.mark.parametrize(("mutate", "status", "words"), [
+    (None, PASS, "next boot: kernel 6.1.0-27-amd64 has nvidia 535.261.03 (dkms"),
+    (_boot(newer_kernel="none"), FAIL,
+     "kernel 6.1.0-28-amd64, the one the node boots next, has no nvidia module: the node would "
+     "come up without GPUs; run `apt-get install linux-headers-6.1.0-28-amd64 && dkms "
+     "autoinstall -k 6.1.0-28-amd64`"),
+    (_boot(newer_kernel=_dkms(NEWER, "535.216.03")), FAIL,
+     "has nvidia 535.216.03 (/lib/modules/6.1.0-28-amd64/updates/dkms/nvidia.ko) but the "
+     "installed driver is 535.261.03"),
+    (_boot(newer_kernel=_dkms(NEWER, "535.261.03")), PASS, "kernel 6.1.0-28-amd64 has nvidia"),
+    (_boot(container=True), SKIP, "no kernel image in /boot"),
+])
+def test_next_boot(mutate, status, words):
+    finding = run("driver.next-boot", facts("gpu-pascal", mutate))
+    assert finding.status == status and words in finding.message, finding.message
+
+
+def test_next_boot_on_rhel_names_kernel_devel():
+    def rhel(doc):
+        _boot(newer_kernel="none")(doc)
+        doc["host"]["os"].update(id="rocky", id_like="rhel centos fedora", version_id="9.4")
+    finding = run("driver.next-boot", facts("gpu-pascal", rhel))
+    assert finding.status == FAIL and "dnf install kernel-devel-6.1.0-28-amd64" in finding.message
+
+
+SIGNED = {"signed": True, "signer": "DKMS module signing key", "sig_key": "12:34:56:78"}
+DKMS_KEY = ("DKMS module signing key: a1b2c3d4e5f60718293a4b5c6d7e8f9012345678: "
+            "X509.rsa 12345678 []")
+DEBIAN_CA = ("Debian Secure Boot CA: 6ccece7e4c6c0d1f6149f3dd27dfcc5cbb419ea1: "
+             "X509.rsa 4c6c0d1f []")
+
+
+@pytest.mark.parametrize(("mutate", "status", "words"), [
+    (None, PASS, "Secure Boot not in use"),
+    (_boot(secure_boot=False), PASS, "Secure Boot off"),
+    (_boot(secure_boot=True, trusted_keys=[DEBIAN_CA]), FAIL,
+     "is unsigned: the kernel will refuse to load it; sign DKMS builds with a Machine Owner Key"),
+    (_boot(secure_boot=True, trusted_keys=[DEBIAN_CA], module=SIGNED), FAIL,
+     "signed by DKMS module signing key (key 12:34:56:78), a key the kernel does not trust"),
+    (_boot(secure_boot=True, trusted_keys=[DEBIAN_CA, DKMS_KEY], module=SIGNED), PASS,
+     "signed by DKMS module signing key, trusted (DKMS module signing key: a1b2"),
+    (_boot(secure_boot=True, newer_kernel="none"), SKIP, "has no nvidia module to check"),
+])
+def test_secure_boot(mutate, status, words):
+    finding = run("host.secure-boot", facts("gpu-pascal", mutate))
+    assert finding.status == status and words in finding.message, finding.message
+    if status == FAIL:
+        assert "mokutil --import" in finding.remediation

@@ -4,11 +4,13 @@ gpu_preflight chose for the node (gpuprov.driver_branches, the roles' own choice
 from __future__ import annotations
 
 import collections
+import datetime
 import functools
 from collections.abc import Mapping
 from typing import Any
 
-from gpuprov.driver_branches import BranchChoice, choose_branch
+from gpuprov import driver_lifecycle
+from gpuprov.driver_branches import BranchChoice, choose_branch, eol_warning
 from gpuprov.verify.checks._util import major, nvml_error_text
 from gpuprov.verify.facts import NodeFacts
 from gpuprov.verify.findings import Verdict, check, passed, problem, skipped
@@ -72,14 +74,18 @@ def expected_branch(facts: NodeFacts) -> BranchChoice:
         str(os_info.get("version_id") or ""),
         facts.node.driver_branch_pin,
         facts.node.driver_source,
+        tuple((str(d.get("device_id")), d["pci_ids_name"]) for d in facts.pci
+              if d.get("pci_ids_name")),
     )
 
 
 # Every node's choice is needed again for each peer comparison; nodes share few GPU mixes.
 @functools.lru_cache(maxsize=1024)
 def _choose(pci_ids: tuple[str, ...], os_id: str, os_version: str,
-            pin: str | None, source: str | None) -> BranchChoice:
-    return choose_branch(pci_ids, os_id, os_version, pinned_branch=pin, source=source)
+            pin: str | None, source: str | None,
+            chip_names: tuple[tuple[str, str], ...] = ()) -> BranchChoice:
+    return choose_branch(pci_ids, os_id, os_version, pinned_branch=pin, source=source,
+                         chip_names=dict(chip_names))
 
 
 @check(
@@ -133,3 +139,93 @@ def _branch_peers(facts: NodeFacts, branch: int) -> dict[str, str]:
         if choice.ok and choice.branch == branch:
             peers[name] = version
     return peers
+
+
+# The day the lifecycle is judged on; tests replace it (a node's answer changes with the date).
+today = datetime.date.today
+
+
+@check(
+    "driver.branch-eol",
+    phase="node",
+    severity="warning",
+    description="the loaded driver's branch is one NVIDIA supports, not past its end of life "
+    f"or ending within {driver_lifecycle.EOL_WARNING_DAYS} days (gpuprov/driver_lifecycle.py)",
+    remediation="move the node to the supported branch named: pin it (nvidia_driver_branch), "
+    "or take it from NVIDIA's repository (nvidia_driver_source: nvidia) where the OS's archive "
+    "lacks it, then run playbooks/upgrade-driver.yml",
+)
+def branch_eol(facts: NodeFacts) -> Verdict:
+    version = loaded_driver(facts)
+    if version is None:
+        return skipped("driver version unknown (NVML unavailable, no kernel module)")
+    loaded = major(version) or 0
+    try:
+        gpus = expected_branch(facts).gpus
+    except ValueError:
+        gpus = ()
+    details = {"version": version, "branch": loaded}
+    info = driver_lifecycle.BRANCHES.get(loaded)
+    warning = eol_warning(loaded, [g for g in gpus if g.status == "supported"], today())
+    if warning:
+        return problem(f"driver {version}: {warning}", **details,
+                       eol=info.eol if info else None)
+    if info is None:
+        return problem(f"driver {version}: branch {loaded} is not in gpuprov's list of NVIDIA's "
+                       "branches, its lifecycle is unknown", **details)
+    if info.eol is None:
+        kind = driver_lifecycle.KIND_NAMES.get(info.kind or "", "branch")
+        return passed(f"driver {version}: R{loaded} is a {kind} without an end-of-life date",
+                      **details)
+    return passed(f"driver {version}: R{loaded} ({info.kind}) supported to {info.eol}",
+                  **details, eol=info.eol)
+
+
+def _installed_driver(facts: NodeFacts) -> str | None:
+    """The driver the packages installed: the user-space library's version (after an upgrade
+    not yet rebooted, the loaded module is still the old one)."""
+    versions = _versions(facts)
+    return versions["library"] or versions["nvml_driver"] or versions["kernel_module"]
+
+
+def _build_command(facts: NodeFacts, kernel: str) -> str:
+    os_info = (facts.report.get("host") or {}).get("os") or {}
+    family = {str(os_info.get("id") or "")} | set(str(os_info.get("id_like") or "").split())
+    headers = (f"dnf install kernel-devel-{kernel}" if family & {"rhel", "fedora", "rocky"}
+               else f"apt-get install linux-headers-{kernel}")
+    return f"{headers} && dkms autoinstall -k {kernel}"
+
+
+@check(
+    "driver.next-boot",
+    phase="node",
+    severity="error",
+    description="the kernel the node boots next (the newest in /boot) has an nvidia module, "
+    "built by DKMS or packaged, of the installed driver's version",
+    remediation="install the headers of that kernel (and the headers meta-package, as the "
+    "nvidia_driver role does, so DKMS builds for each new kernel) and build the module with "
+    "dkms autoinstall -k KERNEL before the node reboots",
+)
+def next_boot(facts: NodeFacts) -> Verdict:
+    boot = facts.report.get("boot") or {}
+    installed = _installed_driver(facts)
+    kernel = boot.get("next_kernel")
+    if installed is None:
+        return skipped("no installed driver found (NVML unavailable, no kernel module)")
+    if kernel is None:
+        return skipped("no kernel image in /boot (a container, or /boot not mounted): the "
+                       "kernel the node boots next is unknown")
+    module = (boot.get("modules") or {}).get(kernel)
+    details = {"next_kernel": kernel, "running_kernel": boot.get("running_kernel"),
+               "installed_driver": installed, "module": module}
+    if module is None:
+        return problem(f"kernel {kernel}, the one the node boots next, has no nvidia module: "
+                       f"the node would come up without GPUs; run "
+                       f"`{_build_command(facts, kernel)}`", **details)
+    if module.get("version") != installed:
+        return problem(f"kernel {kernel}, the one the node boots next, has nvidia "
+                       f"{module.get('version') or '(version unreadable)'} ({module['path']}) "
+                       f"but the installed driver is {installed}: the node would come up with "
+                       f"a version mismatch; run `{_build_command(facts, kernel)}`", **details)
+    return passed(f"next boot: kernel {kernel} has nvidia {installed} ({module['kind']}, "
+                  f"{module['path']})", **details)

@@ -50,3 +50,55 @@ def no_cuda_toolkit(facts: NodeFacts) -> Verdict:
         return problem(f"CUDA toolkit installed on the host: {names}",
                        packages=[p["name"] for p in toolkit])
     return passed(f"no CUDA toolkit package ({packages['manager']})")
+
+
+def _trusted(module: dict, keys: list[str]) -> str | None:
+    """The trusted key that signed the module: the key's description names the signer
+    ("Debian Secure Boot CA: 6ccece7e..."), or ends with the signature's key id."""
+    signer = (module.get("signer") or "").strip()
+    key_id = (module.get("sig_key") or "").replace(":", "").lower()
+    for key in keys:
+        name, _, ident = key.partition(":")
+        ident = ident.split()[0].rstrip(":").lower() if ident.split() else ""
+        if (signer and name.strip() == signer) or (key_id and ident.endswith(key_id)):
+            return key
+    return None
+
+
+MOK_STEPS = ("sign DKMS builds with a Machine Owner Key (nvidia_driver_secure_boot_sign: true "
+             "in the nvidia_driver role), enroll it with `mokutil --import <certificate>`, "
+             "reboot and confirm the enrolment in MokManager on the console")
+
+
+@check(
+    "host.secure-boot",
+    phase="node",
+    severity="error",
+    description="with Secure Boot on, the nvidia module the node boots next is signed by a key "
+    "the kernel trusts (built-in, or a Machine Owner Key); off: nothing to check",
+    remediation=MOK_STEPS,
+)
+def secure_boot(facts: NodeFacts) -> Verdict:
+    boot = facts.report.get("boot") or {}
+    state = boot.get("secure_boot")
+    if state is None:
+        return passed("Secure Boot not in use (no SecureBoot EFI variable: BIOS boot, or "
+                      "EFI variables hidden)")
+    if state is False:
+        return passed("Secure Boot off: the kernel loads unsigned modules")
+    kernel = boot.get("next_kernel") or boot.get("running_kernel")
+    module = (boot.get("modules") or {}).get(kernel)
+    if module is None:
+        return skipped(f"Secure Boot on; kernel {kernel} has no nvidia module to check "
+                       "(driver.next-boot says why)")
+    details = {"kernel": kernel, "module": module["path"], "signer": module.get("signer")}
+    if not module.get("signed"):
+        return problem(f"Secure Boot on and {module['path']} (kernel {kernel}) is unsigned: "
+                       f"the kernel will refuse to load it; {MOK_STEPS}", **details)
+    key = _trusted(module, list(boot.get("trusted_keys") or []))
+    if key is None:
+        return problem(f"Secure Boot on and {module['path']} is signed by "
+                       f"{module.get('signer') or '?'} (key {module.get('sig_key') or '?'}), a "
+                       f"key the kernel does not trust: {MOK_STEPS}", **details)
+    return passed(f"Secure Boot on; {module['path']} signed by {module.get('signer')}, "
+                  f"trusted ({key})", **details)
