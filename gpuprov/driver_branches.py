@@ -327,14 +327,9 @@ def choose_branch(
     open_required = any(g.model is not None and g.model.open_kernel_modules_required
                         for g in known)
 
-    lowest_gpu = max(known, key=lambda g: g.min_branch or 0, default=None)
-    capped = [g for g in known if g.max_branch is not None]
-    highest_gpu = min(capped, key=lambda g: g.max_branch or 0, default=None)
-    if lowest_gpu and highest_gpu and lowest_gpu.min_branch > highest_gpu.max_branch:
-        return fail(
-            f"{_label(highest_gpu)} needs branch <= {highest_gpu.max_branch} and "
-            f"{_label(lowest_gpu)} needs >= {lowest_gpu.min_branch}: no single driver branch "
-            "drives both; split these GPUs across nodes", tuple(notes))
+    conflict = _conflict(known)
+    if conflict:
+        return fail(conflict, tuple(notes))
 
     def drives_all(candidate: InstallableBranch) -> bool:
         if open_required and not candidate.open_kernel_modules:
@@ -378,6 +373,26 @@ def choose_branch(
     return BranchChoice(ok=True, branch=chosen.branch, reason=reason, os=os_name, gpus=gpus,
                         notes=tuple(notes), open_kernel_modules=open_ok,
                         open_kernel_modules_required=open_required, packages=chosen.packages)
+
+
+def _conflict(known: list[Classification]) -> str | None:
+    """Why no driver can drive all these GPUs together, whatever the OS: their branch ranges
+    do not meet, or one works only with the open kernel modules (Blackwell, Grace Hopper) and
+    another only with the proprietary ones (before Turing); a node loads one module."""
+    lowest_gpu = max(known, key=lambda g: g.min_branch or 0, default=None)
+    capped = [g for g in known if g.max_branch is not None]
+    highest_gpu = min(capped, key=lambda g: g.max_branch or 0, default=None)
+    if lowest_gpu and highest_gpu and lowest_gpu.min_branch > highest_gpu.max_branch:
+        return (f"{_label(highest_gpu)} needs branch <= {highest_gpu.max_branch} and "
+                f"{_label(lowest_gpu)} needs >= {lowest_gpu.min_branch}: no single driver "
+                "branch drives both; split these GPUs across nodes")
+    closed_only = [g for g in known if g.open_kernel_modules is False]
+    needs_open = [g for g in known if g.model is not None and g.model.open_kernel_modules_required]
+    if needs_open and closed_only:
+        return (f"{_label(needs_open[0])} works only with NVIDIA's open kernel modules and "
+                f"{_label(closed_only[0])} ({closed_only[0].architecture}) only with the "
+                "proprietary ones: no single driver drives both; split these GPUs across nodes")
+    return None
 
 
 def _pin_unusable(pin: int, pinned: InstallableBranch | None,

@@ -20,10 +20,14 @@ Labels (every value a string, as Kubernetes wants):
     nvidia.com/cuda.runtime-version.major/minor/full             NVML CUDA driver version
 
 The nvidia.com/ keys follow NVIDIA GPU Feature Discovery (GFD, NVIDIA/k8s-device-plugin
-internal/lm: resource.go, nvml.go, mig-strategy.go of v0.20.0, checked 2026-11; v0.18-v0.20
-changed the family table, rubin for 13.x included, and leave memory out where NVML cannot
-read it, as gpuprov does), so workloads written
-for GFD's labels select gpuprov's nodes. Deviations, on purpose:
+internal/lm: resource.go, nvml.go, mig-strategy.go of v0.20.0, checked 2026-11 against the
+tags' git history), so workloads written for GFD's labels select gpuprov's nodes. What GFD's
+label code changed from v0.17.0 to v0.20.0, and gpuprov with it: 8.9 became ada-lovelace
+(v0.17.1), 10 and 12 blackwell (v0.17.2), 13 rubin (v0.20.0: the only label change of
+0.18-0.20); gpu.memory is MiB (v0.17.2 renamed it, the value was MiB before) and is left out
+where NVML cannot read it (v0.17.4); gpu.imex-domain was dropped (v0.17.1; gpuprov never set
+it); gpu.mode may be "unknown" (v0.18.0; not a gpuprov key); v0.19.0 changed only how labels
+are delivered (NodeFeature API by default). Deviations, on purpose:
 
 - Mixed models: GFD labels product/count/memory/family from whichever model its Go map
   iteration happens to end with (non-deterministic). gpuprov labels the model with the most

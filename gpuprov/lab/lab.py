@@ -414,22 +414,18 @@ class Lab:
               gpu_index: int | None = None) -> list[str]:
         node = self.require().node(node_name)
         spec = lab_faults.get(fault)
-        if spec.layer == "kube":
+        if spec.layer in ("kube", "node"):
+            # Whole-node faults of the emulated cluster or of the node's own files.
             if spec.needs_gpu and not node.has_gpu:
                 raise GpuprovError(
                     f"node {node.name} has no GPUs: fault {fault!r} needs a GPU node"
                 )
             if gpu_index is not None:
                 raise GpuprovError(f"fault {fault!r} hits the whole node: leave out --gpu")
+        if spec.layer == "kube":
             change = kube_faults.clear_fault if clear else kube_faults.set_fault
             change(self.kube_dir, node.name, fault)
         elif spec.layer == "node":
-            if spec.needs_gpu and not node.has_gpu:
-                raise GpuprovError(
-                    f"node {node.name} has no GPUs: fault {fault!r} needs a GPU node"
-                )
-            if gpu_index is not None:
-                raise GpuprovError(f"fault {fault!r} hits the whole node: leave out --gpu")
             change = nodefaults.clear_fault if clear else nodefaults.set_fault
             change(self.node_dir(node.name), node.container, fault)
         elif clear:

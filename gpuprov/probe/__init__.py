@@ -66,7 +66,8 @@ Schema (schema_version 1; keys are always present, values may be null):
                     nvidia_uvm, nvidia_modeset, nvidia_drm, nouveau: loaded?},
                     nouveau_loaded, nouveau_blacklisted_in [modprobe.d files]
     kernel_log      readable, source "/dev/kmsg", error, xid_count,
-                    xid_events [{pci "0000:3b:00", xid, message, usec_since_boot}]
+                    xid_events [{pci "0000:3b:00", xid, message, usec_since_boot,
+                      gpu_instance, compute_instance (MIG; null without)}]
                     (first 100 since boot)
     packages        manager "dpkg" | "rpm" | null, error,
                     driver [{name, version, state, held}] (nvidia*, libnvidia*,

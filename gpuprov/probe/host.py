@@ -119,8 +119,13 @@ def collect_units(names: list, run: Callable[[list], tuple[int, str, str]]) -> d
     return {name: found.get(name.removesuffix(".service"), unknown) for name in names}
 
 
-# "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+),\s*(.*)")
+# "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.", and on
+# a GPU in MIG mode with the GPU instance (and compute instance) the error belongs to:
+# "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, ..." and "(PCI:0000:01:00 GPU-I:05 GPU-CI:01)"
+# (krcReportXid's format strings in NVIDIA's open-gpu-kernel-modules,
+# src/nvidia/src/kernel/gpu/rc/kernel_rc.c).
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)(?: GPU-I:(\d+))?(?: GPU-CI:(\d+))?\): "
+                  r"(\d+),\s*(.*)")
 MAX_XID_EVENTS = 100
 
 
@@ -175,8 +180,11 @@ def collect_kernel_log(root: Root) -> dict:
             events.append(
                 {
                     "pci": match.group(1).lower(),
-                    "xid": int(match.group(2)),
-                    "message": match.group(3).strip(),
+                    "xid": int(match.group(4)),
+                    "message": match.group(5).strip(),
+                    # MIG: the GPU and compute instance the driver attributes it to
+                    "gpu_instance": int(match.group(2)) if match.group(2) else None,
+                    "compute_instance": int(match.group(3)) if match.group(3) else None,
                     "usec_since_boot": int(fields[2])
                     if len(fields) > 2 and fields[2].isdigit()
                     else None,

@@ -278,3 +278,45 @@ def test_a_gpu_the_table_lacks_is_driven_by_its_chips_architecture_with_a_warnin
     m10 = choose_branch(["10de:13bd"], "Debian", "13", source="nvidia", today=TODAY,
                         chip_names={"10de:13BD": "GM107GL [Tesla M10]"})
     assert (m10.ok, m10.branch) == (True, 580)
+
+
+# The decision table for every supported OS and source, on the tests' day, from NVIDIA's facts:
+# Kepler's last branch is 470 (offered by Debian 12's and Ubuntu 22.04's archives and RHEL 8's
+# repository only); Pascal works only with the proprietary modules and Blackwell only with the
+# open ones, so no node drives both; Hopper and Blackwell (570+) get the newest supported
+# branch the source offers: R620 LTSB from NVIDIA, R580 from Ubuntu, nothing new enough for
+# Blackwell in Debian's archive (535, 550).
+MIXES = {"kepler+pascal": [K80, P100], "pascal+blackwell": [P100, B200], "hopper": [H100],
+         "blackwell": [B200]}
+DECISIONS = {
+    ("debian", "12", "distro"): (470, None, 535, None),
+    ("debian", "13", "distro"): (None, None, 550, None),
+    ("debian", "12", "nvidia"): (None, None, 620, 620),
+    ("debian", "13", "nvidia"): (None, None, 620, 620),
+    ("ubuntu", "22.04", "distro"): (470, None, 580, 580),
+    ("ubuntu", "24.04", "distro"): (None, None, 580, 580),
+    ("ubuntu", "26.04", "distro"): (None, None, 580, 580),
+    ("ubuntu", "22.04", "nvidia"): (None, None, 620, 620),
+    ("ubuntu", "24.04", "nvidia"): (None, None, 620, 620),
+    ("ubuntu", "26.04", "nvidia"): (None, None, 620, 620),
+    ("rhel", "8", "nvidia"): (470, None, 620, 620),
+    ("rhel", "9", "nvidia"): (None, None, 620, 620),
+    ("rhel", "10", "nvidia"): (None, None, 620, 620),
+}
+
+
+def test_the_decision_table_covers_every_os_and_source() -> None:
+    assert set(DECISIONS) == set(driver_branches.OS_BRANCHES)
+
+
+@pytest.mark.parametrize("key", sorted(DECISIONS), ids=lambda k: "-".join(k))
+def test_decision_table(key) -> None:
+    os_id, version, source = key
+    for (mix, gpus), expected in zip(MIXES.items(), DECISIONS[key], strict=True):
+        choice = choose_branch(gpus, os_id, version, source=source, today=TODAY)
+        assert (choice.ok, choice.branch) == (expected is not None, expected), (mix,
+                                                                                choice.reason)
+        if mix == "pascal+blackwell":
+            assert "only with NVIDIA's open kernel modules" in choice.reason
+        if mix in ("hopper", "blackwell") and expected:
+            assert choice.open_kernel_modules

@@ -135,7 +135,8 @@ def test_a_gpu_whose_nvml_handle_fails_is_not_counted():
     ((3, 7), "kepler"), ((5, 2), "maxwell"), ((6, 0), "pascal"), ((7, 0), "volta"),
     ((7, 5), "turing"), ((8, 0), "ampere"), ((8, 6), "ampere"), ((8, 9), "ada-lovelace"),
     ((9, 0), "hopper"), ((10, 0), "blackwell"), ((12, 0), "blackwell"), ((13, 0), "rubin"),
-    ((11, 0), "undefined"), ((14, 0), "undefined")])
+    ((11, 0), "undefined"), ((14, 0), "undefined"), ((1, 3), "tesla"), ((2, 1), "fermi"),
+    ((4, 0), "undefined")])
 def test_family_follows_gfd_get_arch_family(cc, family):
     assert labels.gfd_family(*cc) == family
 

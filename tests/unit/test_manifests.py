@@ -109,6 +109,25 @@ def test_envvar_strategy_keeps_every_capability_dropped(tmp_path):
                                             "capabilities": {"drop": ["ALL"]}}
 
 
+@pytest.mark.parametrize("strategy", ["single", "mixed"])
+def test_a_mig_strategy_gets_the_mig_monitor_and_sys_admin_as_nvidias_chart(tmp_path, strategy):
+    # NVIDIA's chart v0.20.0: NVIDIA_MIG_MONITOR_DEVICES=all and CAP_SYS_ADMIN for any MIG
+    # strategy but none (daemonset-device-plugin.yml, _helpers.tpl requiresCapSysAdmin);
+    # k8s-device-plugin #229, #609: without them MIG devices fail to enumerate.
+    path = values_file(tmp_path, {"nvidia_device_plugin_device_list_strategy": "envvar",
+                                  "nvidia_device_plugin_mig_strategy": strategy})
+    ds = by_kind(manifests.device_plugin(path))["DaemonSet"]
+    container = plugin_container(ds["spec"]["template"]["spec"])
+    assert {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"} in container["env"]
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False,
+                                            "capabilities": {"drop": ["ALL"],
+                                                             "add": ["SYS_ADMIN"]}}
+    none = values_file(tmp_path, {"nvidia_device_plugin_device_list_strategy": "envvar"})
+    plain = plugin_container(by_kind(manifests.device_plugin(none))["DaemonSet"]["spec"][
+        "template"]["spec"])
+    assert all(e["name"] != "NVIDIA_MIG_MONITOR_DEVICES" for e in plain["env"])
+
+
 def test_time_slicing_goes_into_every_named_config(tmp_path):
     objects = by_kind(manifests.device_plugin(values_file(tmp_path, TIME_SLICED)))
     assert list(objects) == KINDS

@@ -150,11 +150,32 @@ def test_kernel_log_xid_events():
         "xid": 79,
         "usec_since_boot": 9123456,
         "message": "pid=1234, name=python3, GPU has fallen off the bus.",
+        "gpu_instance": None,
+        "compute_instance": None,
     }
     assert [(e["pci"], e["xid"]) for e in log["xid_events"]] == [
         ("0000:86:00", 79),
         ("0000:3b:00", 48),
     ]
+
+
+def test_kernel_log_xid_events_of_mig_instances(tmp_path):
+    """The MIG forms of an XID record, as NVIDIA's A100 memory error management guide and
+    kernel_rc.c print them: the GPU instance (and compute instance) inside the parentheses."""
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/kmsg").write_text(
+        "4,10,100,-;NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User "
+        "Channel (0x9). RST: No, D-RST: No\n"
+        "4,11,200,-;NVRM: Xid (PCI:0000:01:00): 95, pid=7062, Uncontained: LTC TAG (0x2,0x1). "
+        "RST: Yes, D-RST: No\n"
+        "4,12,300,-;NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 13, pid=9, name=a, "
+        "Graphics Exception\n")
+    log = host.collect_kernel_log(Root(str(tmp_path)))
+    assert [(e["pci"], e["xid"], e["gpu_instance"], e["compute_instance"])
+            for e in log["xid_events"]] == [("0000:01:00", 94, 5, None),
+                                            ("0000:01:00", 95, None, None),
+                                            ("0000:3b:00", 13, 1, 2)]
+    assert log["xid_events"][0]["message"].startswith("pid=7194, Contained: CE User Channel")
 
 
 def test_kernel_log_unreadable_is_data():

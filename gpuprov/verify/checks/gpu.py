@@ -29,6 +29,9 @@ CRITICAL_XIDS: dict[int, str] = {
     119: "GSP RPC timeout",
     120: "GSP error",
     140: "unrecovered ECC error",
+    # GPU_RECOVERY_ACTION_CHANGED in nverror.h of NVIDIA's open-gpu-kernel-modules (R570 and
+    # later): the driver says the GPU needs a reset, a drain and reset, or a node reboot.
+    154: "GPU recovery action changed (reset or reboot required)",
 }
 
 SLOWDOWN_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
