@@ -1,0 +1,233 @@
+"""MIG layouts: which GPU instance profiles each MIG-capable GPU has, whether a declared layout
+fits a GPU, and the layout a mig-parted configuration gives each GPU of a node.
+
+The decision core the MIG stage (issue 20) and verify's gpu.mig build on. Standard library only.
+
+Sources (read 2026-11-26):
+
+[mig-guide] NVIDIA Multi-Instance GPU User Guide, "Supported MIG Profiles": the GPU instance
+    profiles of A100-40GB, A100-80GB, A30-24GB, H100-80GB and H200-141GB, their instance
+    counts, and their placements (`nvidia-smi mig -lgipp`: a profile occupies `size` of the
+    GPU's memory slices from one of its allowed start slices; 8 slices and 7 compute slices,
+    A30: 4 and 4). "+me" profiles carry the GPU's media engines, of which there is one set.
+[mig-parted] NVIDIA/mig-parted deployments/systemd/config-default.yaml: the configuration
+    format (`version: v1`, `mig-configs: {name: [{device-filter, devices, mig-enabled,
+    mig-devices}]}`, device filters as "0x<device><vendor>" like "0x233010DE") and its default
+    layouts per model (all-disabled, all-enabled, all-<profile> at the profile's count,
+    all-balanced). The layouts below are gpuprov's own table of the same facts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    name: str  # "1g.10gb", "1g.10gb+me"
+    compute: int  # compute slices (the "Ng")
+    size: int  # memory slices it occupies
+    starts: tuple[int, ...]  # allowed first memory slice
+    count: int  # at most this many on one GPU
+
+
+@dataclasses.dataclass(frozen=True)
+class MigModel:
+    name: str
+    pci_device_ids: tuple[int, ...]
+    compute_slices: int
+    memory_slices: int
+    profiles: tuple[Profile, ...]
+    balanced: Mapping[str, int]  # mig-parted's all-balanced for the model
+
+    def profile(self, name: str) -> Profile | None:
+        return next((p for p in self.profiles if p.name == name), None)
+
+
+def _eight_slice(mem1: int, mem1x2: int, mem2: int, mem3: int, mem7: int) -> tuple[Profile, ...]:
+    """The A100/H100/H200 profile set [mig-guide], named by their memory in GB."""
+    return (
+        Profile(f"1g.{mem1}gb", 1, 1, (0, 1, 2, 3, 4, 5, 6), 7),
+        Profile(f"1g.{mem1}gb+me", 1, 1, (0, 1, 2, 3, 4, 5, 6), 1),
+        Profile(f"1g.{mem1x2}gb", 1, 2, (0, 2, 4, 6), 4),
+        Profile(f"2g.{mem2}gb", 2, 2, (0, 2, 4), 3),
+        Profile(f"3g.{mem3}gb", 3, 4, (0, 4), 2),
+        Profile(f"4g.{mem3}gb", 4, 4, (0,), 1),
+        Profile(f"7g.{mem7}gb", 7, 8, (0,), 1),
+    )
+
+
+MODELS: tuple[MigModel, ...] = (
+    MigModel("A100-40GB", (0x20B0, 0x20B1, 0x20F1, 0x20F6), 7, 8,
+             _eight_slice(5, 10, 10, 20, 40), {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}),
+    # H100-80GB, H800-80GB, A100-80GB, A800-80GB share one profile set.
+    MigModel("A100/H100-80GB", (0x20B2, 0x20B5, 0x20F3, 0x20F5, 0x2330, 0x2331, 0x2322, 0x2324),
+             7, 8, _eight_slice(10, 20, 20, 40, 80),
+             {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}),
+    MigModel("H200-141GB", (0x2335, 0x233B), 7, 8, _eight_slice(18, 35, 35, 71, 141),
+             {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}),
+    MigModel("A30-24GB", (0x20B7,), 4, 4, (
+        Profile("1g.6gb", 1, 1, (0, 1, 2, 3), 4),
+        Profile("1g.6gb+me", 1, 1, (0, 1, 2, 3), 1),
+        Profile("2g.12gb", 2, 2, (0, 2), 2),
+        Profile("2g.12gb+me", 2, 2, (0, 2), 1),
+        Profile("4g.24gb", 4, 4, (0,), 1),
+    ), {"1g.6gb": 2, "2g.12gb": 1}),
+)
+_BY_DEVICE = {device: model for model in MODELS for device in model.pci_device_ids}
+
+
+def model_of(pci_device_id: int) -> MigModel | None:
+    """The MIG model of an NVIDIA device ID; None: not MIG-capable (or not in this table)."""
+    return _BY_DEVICE.get(pci_device_id)
+
+
+def fits(model: MigModel, layout: Mapping[str, int]) -> str | None:
+    """None when the instances of layout can all be placed on one GPU of the model, else why
+    not (unknown profile, over a profile's count, no placement)."""
+    instances: list[Profile] = []
+    for name, count in layout.items():
+        profile = model.profile(name)
+        if profile is None:
+            return (f"{model.name} has no MIG profile {name!r} (it has "
+                    f"{', '.join(p.name for p in model.profiles)})")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            return f"{name}: the count must be a whole number >= 0, not {count!r}"
+        if count > profile.count:
+            return f"{model.name} takes at most {profile.count} {name}, not {count}"
+        instances += [profile] * count
+    if sum(p.compute for p in instances) > model.compute_slices:
+        return (f"{model.name} has {model.compute_slices} compute slices, the layout needs "
+                f"{sum(p.compute for p in instances)}")
+    if sum(1 for p in instances if p.name.endswith("+me")) > 1:
+        return f"{model.name} has one set of media engines: at most one +me instance"
+    # Largest first, then backtracking over each profile's allowed start slices.
+    instances.sort(key=lambda p: -p.size)
+    used = [False] * model.memory_slices
+
+    def place(i: int) -> bool:
+        if i == len(instances):
+            return True
+        profile = instances[i]
+        for start in profile.starts:
+            span = range(start, start + profile.size)
+            if span.stop <= len(used) and not any(used[s] for s in span):
+                for s in span:
+                    used[s] = True
+                if place(i + 1):
+                    return True
+                for s in span:
+                    used[s] = False
+        return False
+
+    if not place(0):
+        return f"{model.name} cannot place {dict(layout)}: its placements overlap"
+    return None
+
+
+def default_configs() -> dict[str, list[dict[str, Any]]]:
+    """mig-parted's default layouts [mig-parted], in its format, from the table above: each
+    model's entries carry a device filter, so one name serves every model."""
+    configs: dict[str, list[dict[str, Any]]] = {
+        "all-disabled": [{"devices": "all", "mig-enabled": False}],
+        "all-enabled": [{"devices": "all", "mig-enabled": True, "mig-devices": {}}],
+    }
+    for model in MODELS:
+        device_filter = [f"0x{d:04X}10DE" for d in model.pci_device_ids]
+        layouts = {f"all-{p.name.replace('+', '.')}": {p.name: p.count} for p in model.profiles}
+        layouts["all-balanced"] = dict(model.balanced)
+        for name, layout in layouts.items():
+            configs.setdefault(name, []).append({
+                "device-filter": device_filter, "devices": "all", "mig-enabled": True,
+                "mig-devices": layout})
+    return configs
+
+
+class ConfigError(ValueError):
+    """A mig-parted configuration or a layout name gpuprov cannot use; the message says what
+    is wrong and what to do."""
+
+
+def _entry_problem(name: str, i: int, entry: Any) -> str | None:
+    where = f"mig-configs.{name}[{i}]"
+    if not isinstance(entry, Mapping):
+        return f"{where} must be a mapping with devices and mig-enabled"
+    unknown = set(entry) - {"devices", "device-filter", "mig-enabled", "mig-devices"}
+    if unknown:
+        return f"{where} has unknown keys {', '.join(sorted(unknown))}"
+    devices = entry.get("devices")
+    if devices != "all" and not (isinstance(devices, list) and all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices)):
+        return f"{where}.devices must be all or a list of GPU indices, not {devices!r}"
+    if not isinstance(entry.get("mig-enabled"), bool):
+        return f"{where}.mig-enabled must be true or false"
+    if not isinstance(entry.get("mig-devices", {}), Mapping):
+        return f"{where}.mig-devices must map profiles to counts"
+    if entry.get("mig-devices") and not entry["mig-enabled"]:
+        return f"{where} lists mig-devices with mig-enabled false"
+    return None
+
+
+def validate(config: Any) -> dict[str, list[dict[str, Any]]]:
+    """The mig-configs of a mig-parted configuration document; ConfigError when it is not
+    one."""
+    if not isinstance(config, Mapping) or config.get("version") != "v1":
+        raise ConfigError("the MIG configuration must be mig-parted's format: version: v1 and "
+                          "mig-configs (see NVIDIA/mig-parted examples/config.yaml)")
+    configs = config.get("mig-configs")
+    if not isinstance(configs, Mapping) or not configs:
+        raise ConfigError("mig-configs must map layout names to lists of entries")
+    for name, entries in configs.items():
+        if not isinstance(entries, list) or not entries:
+            raise ConfigError(f"mig-configs.{name} must be a non-empty list of entries")
+        for i, entry in enumerate(entries):
+            problem = _entry_problem(str(name), i, entry)
+            if problem:
+                raise ConfigError(problem)
+    return {str(k): list(v) for k, v in configs.items()}
+
+
+def _filter_matches(entry: Mapping[str, Any], pci_device_id: int) -> bool:
+    wanted = entry.get("device-filter")
+    if wanted is None:
+        return True
+    wanted = [wanted] if isinstance(wanted, str) else list(wanted)
+    return f"0x{pci_device_id:04X}10DE" in {str(w).upper().replace("0X", "0x") for w in wanted}
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuLayout:
+    index: int
+    model: str | None  # MIG model name; None: the GPU is not MIG-capable
+    mig_enabled: bool | None  # None: no entry of the layout applies to this GPU
+    devices: Mapping[str, int]
+    problem: str | None = None
+
+
+def plan(configs: Mapping[str, list[Mapping[str, Any]]], name: str,
+         gpus: Iterable[tuple[int, int]]) -> list[GpuLayout]:
+    """The layout named `name` for each GPU of a node, given as (NVML index, PCI device ID):
+    the first entry whose device filter and devices take the GPU. A GPU that is not
+    MIG-capable is left alone (model None), so that a node without MIG-capable GPUs changes
+    nothing; a GPU no entry takes too (mig_enabled None)."""
+    if name not in configs:
+        raise ConfigError(f"no MIG layout {name!r}; the configuration has "
+                          f"{', '.join(sorted(configs))}")
+    result = []
+    for index, device in gpus:
+        model = model_of(device)
+        if model is None:
+            result.append(GpuLayout(index, None, None, {}))
+            continue
+        entry = next((e for e in configs[name] if _filter_matches(e, device)
+                      and (e["devices"] == "all" or index in e["devices"])), None)
+        if entry is None:
+            result.append(GpuLayout(index, model.name, None, {}))
+            continue
+        devices = dict(entry.get("mig-devices") or {})
+        problem = fits(model, devices) if entry["mig-enabled"] else None
+        result.append(GpuLayout(index, model.name, entry["mig-enabled"], devices,
+                                f"GPU {index}: {problem}" if problem else None))
+    return result
