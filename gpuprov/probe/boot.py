@@ -34,7 +34,13 @@ from .fs import Root
 
 # EFI global variable GUID (UEFI spec): SecureBoot is 4 attribute bytes, then 1 = on.
 SECURE_BOOT_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
-_MODULE_FILES = ("nvidia.ko", "nvidia.ko.xz", "nvidia.ko.zst", "nvidia.ko.gz")
+# The nvidia module's file: nvidia.ko (NVIDIA's packages, Ubuntu's, RHEL's kmods), or Debian's
+# renamed ones, nvidia-current.ko and nvidia-tesla-470.ko (their modprobe.d files say
+# "install nvidia modprobe -i nvidia-current": /etc/nvidia/current/nvidia-modprobe.conf of
+# nvidia-kernel-support 535.261.03-1, /etc/nvidia/tesla-470/ of nvidia-tesla-470-kernel-support
+# 470.256.02-1~deb12u1), plain or compressed; not the -uvm, -modeset, -drm, -peermem ones.
+_MODULE_FILE = re.compile(r"^nvidia(?:-current|-tesla-\d+|-legacy-\w+?xx)?"
+                          r"\.ko(?:\.xz|\.zst|\.gz)?$")
 _MODINFO_FIELD = re.compile(r"^(\w+):\s*(.*)$")
 
 
@@ -59,7 +65,7 @@ def _module_file(root: Root, release: str) -> str | None:
     base = root.path(f"/lib/modules/{release}")
     found = []
     for directory, _dirs, files in os.walk(base):
-        found += [os.path.join(directory, f) for f in files if f in _MODULE_FILES]
+        found += [os.path.join(directory, f) for f in files if _MODULE_FILE.match(f)]
     if not found:
         return None
     found.sort(key=lambda p: (f"{os.sep}updates{os.sep}" not in p, p))

@@ -76,6 +76,21 @@ def test_compressed_and_packaged_modules_and_dkms_first(tmp_path):
     assert boot.module(root, NEWER, _no_modinfo)["kind"] == "dkms"
 
 
+def test_debians_renamed_modules_are_the_nvidia_module(tmp_path):
+    # Debian's nvidia-kernel-dkms builds nvidia-current.ko, the Tesla 470 flavour
+    # nvidia-tesla-470.ko (modprobe maps nvidia to them); their -uvm siblings are not it.
+    root = _node(tmp_path, {
+        RUNNING: ("updates/dkms/nvidia-current-uvm.ko", _module("535.261.03")),
+        NEWER: ("updates/dkms/nvidia-tesla-470.ko", _module("470.256.02")),
+    })
+    doc = boot.collect(root, RUNNING, _no_modinfo)
+    assert doc["modules"][RUNNING] is None
+    assert doc["modules"][NEWER]["path"].endswith("/updates/dkms/nvidia-tesla-470.ko")
+    (tmp_path / f"lib/modules/{RUNNING}/updates/dkms/nvidia-current.ko").write_bytes(
+        _module("535.261.03"))
+    assert boot.module(root, RUNNING, _no_modinfo)["version"] == "535.261.03"
+
+
 def test_signed_and_zstd_modules_ask_modinfo(tmp_path):
     root = _node(tmp_path, {
         RUNNING: ("updates/dkms/nvidia.ko", _module("580.105.08", signed=True)),
