@@ -65,6 +65,11 @@ def loaded_driver(facts: NodeFacts) -> str | None:
     return versions["nvml_driver"] or versions["kernel_module"] or versions["library"]
 
 
+# The day lifecycles are judged on (the branch chosen, driver.branch-eol); tests replace it,
+# since a node's answer changes with the date.
+today = datetime.date.today
+
+
 def expected_branch(facts: NodeFacts) -> BranchChoice:
     """The branch gpu_preflight chooses for this node: its PCI IDs, its OS, the pin."""
     os_info: Mapping[str, Any] = (facts.report.get("host") or {}).get("os") or {}
@@ -76,16 +81,17 @@ def expected_branch(facts: NodeFacts) -> BranchChoice:
         facts.node.driver_source,
         tuple((str(d.get("device_id")), d["pci_ids_name"]) for d in facts.pci
               if d.get("pci_ids_name")),
+        today(),
     )
 
 
 # Every node's choice is needed again for each peer comparison; nodes share few GPU mixes.
 @functools.lru_cache(maxsize=1024)
 def _choose(pci_ids: tuple[str, ...], os_id: str, os_version: str,
-            pin: str | None, source: str | None,
-            chip_names: tuple[tuple[str, str], ...] = ()) -> BranchChoice:
+            pin: str | None, source: str | None, chip_names: tuple[tuple[str, str], ...],
+            day: datetime.date) -> BranchChoice:
     return choose_branch(pci_ids, os_id, os_version, pinned_branch=pin, source=source,
-                         chip_names=dict(chip_names))
+                         chip_names=dict(chip_names), today=day)
 
 
 @check(
@@ -140,9 +146,6 @@ def _branch_peers(facts: NodeFacts, branch: int) -> dict[str, str]:
             peers[name] = version
     return peers
 
-
-# The day the lifecycle is judged on; tests replace it (a node's answer changes with the date).
-today = datetime.date.today
 
 
 @check(
