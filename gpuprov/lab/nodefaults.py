@@ -29,7 +29,6 @@ _SET = {
 _CLEAR = {
     "next-kernel-no-module": f"rm -rf /boot/vmlinuz-{NEXT_KERNEL} /lib/modules/{NEXT_KERNEL}",
 }
-FAULTS = tuple(_SET)
 
 
 def active_faults(node_dir: Path) -> list[str]:

@@ -52,21 +52,19 @@ def _classify(pci_id: str, subsystem_device: int | None,
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def chip_name(root: Root, device: int) -> str | None:
+def chip_name(root: Root, device: int, pci_ids: dict) -> str | None:
     """The device's name in the node's pci.ids, read only for a device gpuprov's table lacks
-    (hardware.classify infers its architecture from the chip in it)."""
-    if any(m.device_id == device for m in hardware.models()):
+    (hardware.classify infers its architecture from the chip in it). pci_ids holds the file's
+    text for one collect(): an 8-GPU node reads its 1.3 MB file once, not once per GPU."""
+    if hardware.lookup(device) is not None:
         return None
-    for path in hardware.PCI_IDS_PATHS:
-        try:
-            text = root.path(path).read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
-        return hardware.pci_ids_name(device, text)
-    return None
+    if "text" not in pci_ids:
+        readable = (root.read(path) for path in hardware.PCI_IDS_PATHS)
+        pci_ids["text"] = next((text for text in readable if text is not None), None)
+    return hardware.pci_ids_name(device, pci_ids["text"]) if pci_ids["text"] else None
 
 
-def _device(root: Root, address: str) -> dict | None:
+def _device(root: Root, address: str, pci_ids: dict) -> dict | None:
     base = f"{SYSFS_PCI_DEVICES}/{address}"
     if _hex(root.read_line(f"{base}/vendor")) != NVIDIA_VENDOR:
         return None
@@ -85,7 +83,7 @@ def _device(root: Root, address: str) -> dict | None:
         link[f"{which}_width"] = _int(root.read_line(f"{base}/{which}_link_width"))
     driver_link = root.path(f"{base}/driver")
     driver = os.path.basename(os.readlink(driver_link)) if driver_link.is_symlink() else None
-    chip = chip_name(root, device) if device is not None else None
+    chip = chip_name(root, device, pci_ids) if device is not None else None
     classification, classification_error = (_classify(pci_id, sub_device, chip) if pci_id
                                             else (None, None))
     return {
@@ -113,5 +111,6 @@ def collect(root: Root) -> list[dict]:
         addresses = sorted(os.listdir(root.path(SYSFS_PCI_DEVICES)))
     except OSError:
         return []
-    devices = (_device(root, address) for address in addresses)
+    pci_ids: dict = {}  # the node's pci.ids text, read at the first device the table lacks
+    devices = (_device(root, address, pci_ids) for address in addresses)
     return [device for device in devices if device is not None]
