@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from gpuprov.driver_branches import NVIDIA, source_for
 from gpuprov.node_checks import file_current, packages_missing, plain
+from gpuprov.probe import boot as boot_probe
 
 # apt: name=version, dnf: name-version.
 VERSION_SEPARATORS = {"apt": "=", "dnf": "-"}
@@ -71,15 +72,18 @@ class Settings:
     # repository has no modules (RHEL 10) and dnf is asked for the branch's versions, then
     # versionlock keeps them ([cuda-rhel] in driver_branches).
     dnf_modules: bool = True
-    # Kernel headers for DKMS: the running kernel's (vars/<OS>.yml) when
-    # install_kernel_headers, and the headers meta-package of the kernel's flavour (a pattern
-    # with {flavour}, or a fixed name) when install_kernel_headers_meta, so that DKMS builds
-    # the module for every kernel installed later.
+    # Kernel headers for DKMS: the running kernel's (vars/<OS>.yml: patterns with {kernel},
+    # linux-headers-{kernel}) when install_kernel_headers, and the headers meta-package of the
+    # kernel's flavour (a pattern with {flavour}, or a fixed name) when
+    # install_kernel_headers_meta, so that DKMS builds the module for every kernel installed
+    # later. The same patterns name the headers of the kernel the node boots next, where that
+    # kernel has no module yet (build_next_kernel).
     kernel: str | None = None  # ansible_facts kernel, the running release
     kernel_headers: tuple = ()
     install_kernel_headers: bool = True
     kernel_headers_meta: str | None = None
     install_kernel_headers_meta: bool = True
+    build_next_kernel: bool = True  # nvidia_driver_build_next_kernel
 
     @property
     def from_cuda_apt(self) -> bool:
@@ -117,7 +121,7 @@ def kernel_headers(s: Settings) -> list[str]:
     """The headers packages the role installs: the running kernel's, and the meta-package
     that pulls in the headers of each new kernel of the same flavour (linux-headers-amd64,
     linux-headers-generic, kernel-devel-matched)."""
-    names = list(s.kernel_headers) if s.install_kernel_headers else []
+    names = headers_of(s, s.kernel) if s.install_kernel_headers and s.kernel else []
     if s.install_kernel_headers_meta and s.kernel_headers_meta:
         flavour = kernel_flavour(s.kernel)
         if "{flavour}" not in s.kernel_headers_meta:
@@ -125,6 +129,19 @@ def kernel_headers(s: Settings) -> list[str]:
         elif flavour is not None:
             names.append(s.kernel_headers_meta.format(flavour=flavour))
     return names
+
+
+def headers_of(s: Settings, release: str) -> list[str]:
+    return [str(pattern).format(kernel=release) for pattern in s.kernel_headers]
+
+
+def _next_kernel(s: Settings) -> dict:
+    """What the plan needs to build the module of the kernel the node boots next: that
+    kernel's headers (the patterns of vars/<OS>.yml), and whether DKMS builds the module at all
+    (Ubuntu's signed prebuilt modules come as packages per kernel, which the prebuilt
+    meta-package follows; a missing one there is apt's to fix, not DKMS's)."""
+    return {"next_kernel_build": s.build_next_kernel and not (s.prebuilt_modules and s.prebuilt),
+            "kernel_headers_patterns": [str(p) for p in s.kernel_headers]}
 
 
 def _flavour(s: Settings) -> str:
@@ -192,6 +209,7 @@ def plan(s: Settings) -> dict:
         "removed_packages": ["nvidia-driver-pinning-*"] if apt else [],
         "removed_files": [s.cuda_sources_path, s.cuda_keyring] if apt else [],
         "kernel_headers": kernel_headers(s),
+        **_next_kernel(s),
         "problem": setting_problem(s, branch_packages, flavour),
     }
 
@@ -252,6 +270,7 @@ def _cuda_apt_plan(s: Settings) -> dict:
         "removed_packages": [],
         "removed_files": [],
         "kernel_headers": kernel_headers(s),
+        **_next_kernel(s),
         "problem": problem,
     }
 
@@ -340,7 +359,25 @@ def work(the_plan: Mapping, state: Mapping, *, host: str, hold: bool = True,
         "installed_problem": installed_problem(the_plan, packages, current, host=host,
                                                forbidden=forbidden, check_mode=check_mode),
         "reboot_required": reboot_required(state, current),
+        "next_kernel": next_kernel_work(the_plan, state, current),
     }
+
+
+def next_kernel_work(the_plan: Mapping, state: Mapping, current: str | None) -> dict | None:
+    """The kernel the node boots next, where it has no nvidia module of the installed driver:
+    {"kernel", "headers", "reason"}, the headers to install and the kernel to run `dkms
+    autoinstall -k` for. The same judgement as verify's driver.next-boot, from the same read
+    (gpuprov/probe/boot.py). None: nothing to build (no kernel image in /boot, no driver
+    installed yet, or the module there is the installed driver's)."""
+    boot = state.get("boot") or {}
+    reason = boot_probe.next_boot_problem(boot, current) if the_plan.get(
+        "next_kernel_build") else None
+    if reason is None:
+        return None
+    kernel = boot["next_kernel"]
+    return {"kernel": kernel, "reason": reason,
+            "headers": [str(p).format(kernel=kernel)
+                        for p in the_plan.get("kernel_headers_patterns") or []]}
 
 
 def reboot_required(state: Mapping, current: str | None) -> bool:

@@ -86,9 +86,10 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault(
             "next-kernel-no-module",
-            "a newer kernel is installed (/boot/vmlinuz-6.1.0-999-amd64, its /lib/modules) "
-            "without an nvidia module, as after a kernel upgrade without the headers DKMS "
-            "needs: the node would boot without its driver",
+            "a newer kernel is installed (/boot/vmlinuz-RELEASE, its /lib/modules; RELEASE "
+            "the newest the node's archive has headers for) without an nvidia module, as "
+            "after a kernel upgrade without the headers DKMS needs: the node would boot "
+            "without its driver; the nvidia_driver role builds it (needs site.yml run first)",
             per_gpu=False, layer="node",
         ),
         Fault(

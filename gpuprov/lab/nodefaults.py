@@ -1,15 +1,21 @@
 """SIMULATION: the lab's faults in a node's own files (layer "node" of lab/faults.py).
 
 `next-kernel-no-module`: a kernel upgrade whose module was never built. The node gets
-/boot/vmlinuz-NEXT_KERNEL (an empty placeholder, not a kernel) and /lib/modules/NEXT_KERNEL/
-with a modules.dep that lists no nvidia module, as a Debian kernel package leaves them when
-DKMS had no headers to build with. What it does not do: install a real kernel package, run the
-kernel's postinst hooks or DKMS, or change what the node boots (a container boots nothing).
-A real kernel package and a DKMS build of the 535 module would add minutes of downloads and
-compiling to every CI run, so the lab switches the result instead (issue 19 allows it).
+/boot/vmlinuz-RELEASE and /lib/modules/RELEASE/ with a modules.dep that lists no nvidia
+module, as a Debian kernel package leaves them when DKMS had no headers to build with.
+RELEASE is a real one: the release the node's archive has headers for now (what its
+linux-headers-<flavour> meta-package depends on, from the node's apt lists), so that the
+driver role's fix (those headers, then DKMS) really builds the module for it. What it does
+not do: install the kernel package itself (the image is an empty placeholder, not a kernel;
+its postinst hooks do not run) or change what the node boots (a container boots nothing).
+
+Clearing removes what the fault wrote and what a fix built on it: the headers packages of
+that release (purged, with the dependencies they alone pulled in), DKMS's build tree for
+it, /lib/modules/RELEASE and the image. The release is kept in the node
+(RELEASE_FILE), so `lab status` lists the fault and clearing finds it.
 
 The switch is written into the container with `podman exec` and recorded in the node's
-directory, so `lab status` lists it and clearing it removes exactly what it wrote.
+directory.
 """
 
 from __future__ import annotations
@@ -17,18 +23,41 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gpuprov.errors import GpuprovError
 from gpuprov.lab import podman
 
-NEXT_KERNEL = "6.1.0-999-amd64"
 STATE_FILE = "node-faults.json"
+RELEASE_FILE = "/var/lib/gpuprov-sim/next-kernel"
+# The headers meta-package of the lab's kernel flavour names the newest release (apt-cache
+# depends prints "  Depends: linux-headers-6.1.0-50-amd64").
+_NEWEST_RELEASE = ("apt-cache depends linux-headers-amd64 2>/dev/null"
+                   " | sed -n 's/^ *Depends: linux-headers-\\([0-9].*\\)$/\\1/p' | head -n 1")
 _SET = {
     "next-kernel-no-module": (
-        f"mkdir -p /boot /lib/modules/{NEXT_KERNEL}/kernel && : > /boot/vmlinuz-{NEXT_KERNEL}"
-        f" && : > /lib/modules/{NEXT_KERNEL}/modules.dep"),
+        f"set -e; r=$({_NEWEST_RELEASE}); "
+        "if [ -z \"$r\" ]; then echo 'no linux-headers-amd64 in the apt lists: run site.yml "
+        "(or apt-get update) on the node first' >&2; exit 1; fi; "
+        f"mkdir -p /boot /lib/modules/$r/kernel \"$(dirname {RELEASE_FILE})\"; "
+        ": > /boot/vmlinuz-$r; : > /lib/modules/$r/modules.dep; "
+        f"echo $r > {RELEASE_FILE}; echo $r"),
 }
 _CLEAR = {
-    "next-kernel-no-module": f"rm -rf /boot/vmlinuz-{NEXT_KERNEL} /lib/modules/{NEXT_KERNEL}",
+    "next-kernel-no-module": (
+        f"[ -s {RELEASE_FILE} ] || exit 0; r=$(cat {RELEASE_FILE}); "
+        "if dpkg -s linux-headers-$r >/dev/null 2>&1; then "
+        "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q --autoremove linux-headers-$r "
+        ">/dev/null; fi; "
+        "rm -rf /boot/vmlinuz-$r /lib/modules/$r /var/lib/dkms/*/*/$r /var/lib/dkms/*/kernel-$r-* "
+        f"{RELEASE_FILE}"),
 }
+
+
+def next_kernel(container: str) -> str | None:
+    """The release the fault installed in the node, None where it is not set."""
+    out = podman.podman("exec", container, "cat", RELEASE_FILE, check=False)
+    if out.returncode != 0:
+        return None
+    return out.stdout.decode().strip() or None
 
 
 def active_faults(node_dir: Path) -> list[str]:
@@ -43,7 +72,11 @@ def _record(node_dir: Path, faults: list[str]) -> None:
 
 
 def set_fault(node_dir: Path, container: str, fault: str) -> None:
-    podman.podman("exec", container, "sh", "-c", _SET[fault])
+    done = podman.podman("exec", container, "sh", "-c", _SET[fault], check=False)
+    if done.returncode != 0:
+        detail = done.stderr.decode(errors="replace").strip().splitlines()
+        raise GpuprovError(f"fault {fault}: "
+                           f"{detail[-1] if detail else f'exit code {done.returncode}'}")
     active = active_faults(node_dir)
     if fault not in active:
         _record(node_dir, [*active, fault])

@@ -163,3 +163,21 @@ def collect(root: Root, running: str | None, run) -> dict:
         "secure_boot": on,
         "trusted_keys": trusted_keys(root) if on else [],
     }
+
+
+def next_boot_problem(boot: dict, installed: str | None) -> str | None:
+    """Why the kernel the node boots next would come up without a working driver: no nvidia
+    module, or one of another version than the installed driver's. None where nothing is
+    wrong or nothing can be judged (no image in /boot, no driver installed). One judgement for
+    verify's driver.next-boot and the nvidia_driver role's rebuild (driver_plan)."""
+    kernel = boot.get("next_kernel")
+    if kernel is None or installed is None:
+        return None
+    module = (boot.get("modules") or {}).get(kernel)
+    if module is None:
+        return f"kernel {kernel}, the one the node boots next, has no nvidia module"
+    if module.get("version") != installed:
+        return (f"kernel {kernel}, the one the node boots next, has nvidia "
+                f"{module.get('version') or '(version unreadable)'} ({module['path']}) but the "
+                f"installed driver is {installed}")
+    return None

@@ -33,6 +33,10 @@ def parse_os_release(text: str) -> dict:
     return {key: values.get(key) for key in _OS_RELEASE_KEYS}
 
 
+def running_kernel(root: Root) -> str:
+    return root.read_line("/proc/sys/kernel/osrelease") or os.uname().release
+
+
 def collect_host(root: Root) -> dict:
     os_release = root.read("/etc/os-release") or root.read("/usr/lib/os-release")
     # os.uname() rather than platform/socket: the probe starts on every node each run,
@@ -41,7 +45,7 @@ def collect_host(root: Root) -> dict:
     return {
         "hostname": root.read_line("/proc/sys/kernel/hostname") or uname.nodename,
         "os": parse_os_release(os_release) if os_release else None,
-        "kernel": root.read_line("/proc/sys/kernel/osrelease") or uname.release,
+        "kernel": running_kernel(root),
         "machine": uname.machine,
         "boot_id": root.read_line("/proc/sys/kernel/random/boot_id"),
         "python": sys.version.split()[0],  # what platform.python_version() reads

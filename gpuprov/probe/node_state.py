@@ -15,6 +15,9 @@ and `gpuprov probe`/`gpuprov verify` read a node the same way:
                   writes only the ones that differ
     configs       their text, for the roles that merge into config they do not own
     version       the container runtime's version command: {"rc", "output" (first line)}
+    boot          boot.collect: the kernel the node boots next and the nvidia module it has
+                  (None unless asked), so the driver role builds the module a kernel upgrade
+                  left without one, as verify's driver.next-boot judges it
 
 A converged node needs nothing but this read: each Ansible task costs a module start on the
 node, so one read replaces a task per fact.
@@ -26,7 +29,7 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
-from . import host, packages
+from . import boot, host, packages
 from .fs import BIN_DIRS, Root
 
 Runner = Callable[..., "tuple[int, str, str]"]
@@ -43,6 +46,7 @@ def read(
     files: tuple = (),
     configs: tuple = (),
     version_command: tuple = (),
+    read_boot: bool = False,
 ) -> dict:
     """The node's state as the roles decide from it; every key is there whatever was asked."""
     state: dict[str, Any] = {
@@ -60,6 +64,8 @@ def read(
         _read_config(state, root, path)
     if version_command:
         state["version"] = _version(run, list(version_command))
+    if read_boot:
+        state["boot"] = boot.collect(root, host.running_kernel(root), run)
     return state
 
 

@@ -46,6 +46,11 @@ options:
     type: list
     elements: str
     default: []
+  boot:
+    description: Read the kernels in /boot, the one the node boots next and the nvidia module
+      each has (gpuprov/probe/boot.py).
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -75,6 +80,7 @@ state:
     unreadable: {description: configs that exist but could not be read, type: list,
                  elements: str}
     version: {description: "{rc, output} of version_command, or null", type: dict}
+    boot: {description: "kernels, running_kernel, next_kernel, modules, ... or null", type: dict}
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -90,6 +96,7 @@ def main() -> None:
             "files": {"type": "list", "elements": "path", "default": []},
             "configs": {"type": "list", "elements": "path", "default": []},
             "version_command": {"type": "list", "elements": "str", "default": []},
+            "boot": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -97,7 +104,7 @@ def main() -> None:
     state = node_state.read(
         Root("/"), read_packages=params["packages"], units=tuple(params["units"]),
         files=tuple(params["files"]), configs=tuple(params["configs"]),
-        version_command=tuple(params["version_command"]))
+        version_command=tuple(params["version_command"]), read_boot=params["boot"])
     module.exit_json(changed=False, state=state)
 
 

@@ -118,7 +118,7 @@ def test_a_converged_node_leaves_no_work(driver):
                     "apt_work": [], "install_names": plan["install_names"],
                     "removed_packages": [], "stale_files": [],
                     "unselected": [], "apt_converged": True,
-                    "installed_problem": None, "reboot_required": False}
+                    "installed_problem": None, "reboot_required": False, "next_kernel": None}
 
 
 def test_work_left_missing_headers_holds_interrupted_dpkg_and_other_version(driver):
@@ -328,9 +328,10 @@ def test_back_to_debians_archive_removes_nvidias_lock_and_repository_and_moves_t
 def test_kernel_headers_are_the_running_kernels_and_the_flavours_meta_package(
         driver, os_file, kernel, meta):
     data = _os_data(os_file)
-    running = [n.replace("{{ ansible_facts['kernel'] }}", kernel)
-               for n in data["__nvidia_driver_kernel_headers_packages"]]
-    settings = _settings(os_file, branch="580", kernel=kernel, kernel_headers=running,
+    patterns = data["__nvidia_driver_kernel_headers_packages"]
+    running = [n.format(kernel=kernel) for n in patterns]
+    assert all(kernel in n for n in running), patterns
+    settings = _settings(os_file, branch="580", kernel=kernel, kernel_headers=patterns,
                          kernel_headers_meta=data["__nvidia_driver_kernel_headers_meta"])
     assert driver.driver_plan(settings)["kernel_headers"] == [*running, meta]
     no_meta = driver.driver_plan({**settings, "install_kernel_headers_meta": False})
@@ -351,3 +352,77 @@ def test_headers_missing_on_a_converged_node_are_apt_work(driver):
     work = driver.driver_work(_state(**installed), plan, host="gpu-a", package_manager="apt",
                               headers=plan["kernel_headers"])
     assert work["apt_work"] == ["linux-headers-amd64"] and not work["apt_converged"]
+
+
+# The kernel the node boots next (gpuprov/probe/boot.py's read), as the role rebuilds it.
+NEXT = "6.1.0-50-amd64"
+
+
+def _boot(module: dict | None, next_kernel: str | None = NEXT) -> dict:
+    return {"kernels": ["6.1.0-27-amd64", NEXT] if next_kernel else [],
+            "running_kernel": "6.1.0-27-amd64", "next_kernel": next_kernel,
+            "modules": {NEXT: module} if next_kernel else {}}
+
+
+def _module(version: str | None) -> dict:
+    return {"path": f"/lib/modules/{NEXT}/updates/dkms/nvidia-current.ko", "kind": "dkms",
+            "version": version, "signer": None, "sig_key": None, "signed": False,
+            "error": None}
+
+
+def _next_kernel_work(driver, boot: dict, os_file: str = "Debian_12",
+                      installed: str = "535.261.03-1", **overrides):
+    data = _os_data(os_file)
+    plan = driver.driver_plan(_settings(
+        os_file, kernel="6.1.0-27-amd64",
+        kernel_headers=data["__nvidia_driver_kernel_headers_packages"], **overrides))
+    state = _state(**{n: (installed, True) for n in plan["held_packages"]})
+    return driver.driver_work({**state, "boot": boot}, plan, host="gpu-a",
+                              package_manager=data["__nvidia_driver_package_manager"],
+                              )["next_kernel"]
+
+
+@pytest.mark.parametrize(("os_file", "installed", "headers"), [
+    ("Debian_12", "535.261.03-1", [f"linux-headers-{NEXT}"]),
+    ("Ubuntu_24", "580.95.05-0ubuntu1", [f"linux-headers-{NEXT}"]),
+    ("RedHat_9", "580.95.05-1.el9", [f"kernel-devel-{NEXT}", f"kernel-headers-{NEXT}"]),
+])
+def test_a_next_kernel_without_a_module_gets_its_headers_and_a_build(driver, os_file,
+                                                                       installed, headers):
+    branch = installed.split(".")[0]
+    work = _next_kernel_work(driver, _boot(None), os_file, installed, branch=branch)
+    assert work == {"kernel": NEXT, "headers": headers,
+                    "reason": f"kernel {NEXT}, the one the node boots next, has no nvidia module"}
+
+
+@pytest.mark.parametrize(("boot", "expected"), [
+    (_boot(_module("530.30.02")), f"kernel {NEXT}, the one the node boots next, has nvidia "
+                                  f"530.30.02 ({_module(None)['path']}) but the installed "
+                                  "driver is 535.261.03"),
+    (_boot(_module(None)), f"kernel {NEXT}, the one the node boots next, has nvidia "
+                           f"(version unreadable) ({_module(None)['path']}) but the installed "
+                           "driver is 535.261.03"),
+    (_boot(_module("535.261.03")), None),
+    (_boot(None, next_kernel=None), None),  # no image in /boot: a container
+    ({}, None),  # the read had no boot section
+])
+def test_a_module_of_another_version_is_rebuilt_and_the_right_one_is_left(driver, boot,
+                                                                          expected):
+    work = _next_kernel_work(driver, boot)
+    assert (work and work["reason"]) == expected
+
+
+def test_nothing_is_built_when_switched_off_or_for_ubuntus_prebuilt_modules(driver):
+    assert _next_kernel_work(driver, _boot(None), build_next_kernel=False) is None
+    plan = driver.driver_plan(_settings("Ubuntu_24", branch="580", prebuilt_modules=True,
+                                        kernel_headers=["linux-headers-{kernel}"]))
+    assert plan["next_kernel_build"] is False
+    dkms = driver.driver_plan(_settings("Ubuntu_24", branch="580"))
+    assert dkms["next_kernel_build"] is True
+
+
+def test_nothing_is_built_before_a_driver_is_installed(driver):
+    plan = driver.driver_plan(_settings(kernel_headers=["linux-headers-{kernel}"]))
+    work = driver.driver_work({**_state(), "boot": _boot(None)}, plan, host="gpu-a",
+                              package_manager="apt")
+    assert work["next_kernel"] is None

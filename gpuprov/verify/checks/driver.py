@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuprov import driver_lifecycle
 from gpuprov.driver_branches import BranchChoice, choose_branch, eol_warning
+from gpuprov.probe import boot as boot_probe
 from gpuprov.verify.checks._util import major, nvml_error_text
 from gpuprov.verify.facts import NodeFacts
 from gpuprov.verify.findings import Verdict, check, passed, problem, skipped
@@ -205,9 +206,9 @@ def _build_command(facts: NodeFacts, kernel: str) -> str:
     severity="error",
     description="the kernel the node boots next (the newest in /boot) has an nvidia module, "
     "built by DKMS or packaged, of the installed driver's version",
-    remediation="install the headers of that kernel (and the headers meta-package, as the "
-    "nvidia_driver role does, so DKMS builds for each new kernel) and build the module with "
-    "dkms autoinstall -k KERNEL before the node reboots",
+    remediation="before the node reboots, run the driver stage again (the nvidia_driver role "
+    "installs that kernel's headers and builds the module: nvidia_driver_build_next_kernel), "
+    "or do it by hand: install the headers of that kernel and run dkms autoinstall -k KERNEL",
 )
 def next_boot(facts: NodeFacts) -> Verdict:
     boot = facts.report.get("boot") or {}
@@ -221,14 +222,10 @@ def next_boot(facts: NodeFacts) -> Verdict:
     module = (boot.get("modules") or {}).get(kernel)
     details = {"next_kernel": kernel, "running_kernel": boot.get("running_kernel"),
                "installed_driver": installed, "module": module}
-    if module is None:
-        return problem(f"kernel {kernel}, the one the node boots next, has no nvidia module: "
-                       f"the node would come up without GPUs; run "
-                       f"`{_build_command(facts, kernel)}`", **details)
-    if module.get("version") != installed:
-        return problem(f"kernel {kernel}, the one the node boots next, has nvidia "
-                       f"{module.get('version') or '(version unreadable)'} ({module['path']}) "
-                       f"but the installed driver is {installed}: the node would come up with "
-                       f"a version mismatch; run `{_build_command(facts, kernel)}`", **details)
+    why = boot_probe.next_boot_problem(boot, installed)
+    if why is not None:
+        effect = ("the node would come up without GPUs" if module is None
+                  else "the node would come up with a version mismatch")
+        return problem(f"{why}: {effect}; run `{_build_command(facts, kernel)}`", **details)
     return passed(f"next boot: kernel {kernel} has nvidia {installed} ({module['kind']}, "
                   f"{module['path']})", **details)
