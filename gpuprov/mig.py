@@ -15,6 +15,14 @@ Sources (read 2026-11-26):
     mig-devices}]}`, device filters as "0x<device><vendor>" like "0x233010DE") and its default
     layouts per model (all-disabled, all-enabled, all-<profile> at the profile's count,
     all-balanced). The layouts below are gpuprov's own table of the same facts.
+[nvml.h] NVML's NVML_GPU_INSTANCE_PROFILE_* constants (nvidia-ml-py 13.615.71's pynvml.py):
+    the profile index NVML is asked about (1_SLICE 0, 2_SLICE 1, 3_SLICE 2, 4_SLICE 3,
+    7_SLICE 4, 1_SLICE_REV1 7 for +me, 2_SLICE_REV1 8, 1_SLICE_REV2 9 for the 1g profile with
+    two memory slices).
+[lgip] `nvidia-smi mig -lgip` as the MIG user guide's examples print it: each profile's ID
+    (19 for 1g.5gb/1g.10gb, 20 for +me, 15, 14, 9, 5, 0; A30: 14, 21, 5, 6, 0) and the SMs of
+    each compute size (A100: 14 per slice, 98 for 7g; H100/H200: 16, 32, 60, 64, 132; A30:
+    14, 28, 56). The lab's simulated NVML answers with them.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ class Profile:
     size: int  # memory slices it occupies
     starts: tuple[int, ...]  # allowed first memory slice
     count: int  # at most this many on one GPU
+    nvml_index: int  # NVML_GPU_INSTANCE_PROFILE_* [nvml.h]
+    nvml_id: int  # the profile's ID [lgip]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +51,7 @@ class MigModel:
     memory_slices: int
     profiles: tuple[Profile, ...]
     balanced: Mapping[str, int]  # mig-parted's all-balanced for the model
+    multiprocessors: Mapping[int, int]  # compute slices -> SMs of an instance [lgip]
 
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)
@@ -49,32 +60,39 @@ class MigModel:
 def _eight_slice(mem1: int, mem1x2: int, mem2: int, mem3: int, mem7: int) -> tuple[Profile, ...]:
     """The A100/H100/H200 profile set [mig-guide], named by their memory in GB."""
     return (
-        Profile(f"1g.{mem1}gb", 1, 1, (0, 1, 2, 3, 4, 5, 6), 7),
-        Profile(f"1g.{mem1}gb+me", 1, 1, (0, 1, 2, 3, 4, 5, 6), 1),
-        Profile(f"1g.{mem1x2}gb", 1, 2, (0, 2, 4, 6), 4),
-        Profile(f"2g.{mem2}gb", 2, 2, (0, 2, 4), 3),
-        Profile(f"3g.{mem3}gb", 3, 4, (0, 4), 2),
-        Profile(f"4g.{mem3}gb", 4, 4, (0,), 1),
-        Profile(f"7g.{mem7}gb", 7, 8, (0,), 1),
+        Profile(f"1g.{mem1}gb", 1, 1, (0, 1, 2, 3, 4, 5, 6), 7, 0, 19),
+        Profile(f"1g.{mem1}gb+me", 1, 1, (0, 1, 2, 3, 4, 5, 6), 1, 7, 20),
+        Profile(f"1g.{mem1x2}gb", 1, 2, (0, 2, 4, 6), 4, 9, 15),
+        Profile(f"2g.{mem2}gb", 2, 2, (0, 2, 4), 3, 1, 14),
+        Profile(f"3g.{mem3}gb", 3, 4, (0, 4), 2, 2, 9),
+        Profile(f"4g.{mem3}gb", 4, 4, (0,), 1, 3, 5),
+        Profile(f"7g.{mem7}gb", 7, 8, (0,), 1, 4, 0),
     )
 
 
+_AMPERE_SMS = {1: 14, 2: 28, 3: 42, 4: 56, 7: 98}
+_HOPPER_SMS = {1: 16, 2: 32, 3: 60, 4: 64, 7: 132}
+
 MODELS: tuple[MigModel, ...] = (
     MigModel("A100-40GB", (0x20B0, 0x20B1, 0x20F1, 0x20F6), 7, 8,
-             _eight_slice(5, 10, 10, 20, 40), {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}),
-    # H100-80GB, H800-80GB, A100-80GB, A800-80GB share one profile set.
-    MigModel("A100/H100-80GB", (0x20B2, 0x20B5, 0x20F3, 0x20F5, 0x2330, 0x2331, 0x2322, 0x2324),
-             7, 8, _eight_slice(10, 20, 20, 40, 80),
-             {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}),
+             _eight_slice(5, 10, 10, 20, 40), {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1},
+             _AMPERE_SMS),
+    # A100-80GB/A800-80GB and H100-80GB/H800-80GB share one profile set, not their SMs.
+    MigModel("A100-80GB", (0x20B2, 0x20B5, 0x20F3, 0x20F5), 7, 8,
+             _eight_slice(10, 20, 20, 40, 80), {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1},
+             _AMPERE_SMS),
+    MigModel("H100-80GB", (0x2330, 0x2331, 0x2322, 0x2324), 7, 8,
+             _eight_slice(10, 20, 20, 40, 80), {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1},
+             _HOPPER_SMS),
     MigModel("H200-141GB", (0x2335, 0x233B), 7, 8, _eight_slice(18, 35, 35, 71, 141),
-             {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}),
+             {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}, _HOPPER_SMS),
     MigModel("A30-24GB", (0x20B7,), 4, 4, (
-        Profile("1g.6gb", 1, 1, (0, 1, 2, 3), 4),
-        Profile("1g.6gb+me", 1, 1, (0, 1, 2, 3), 1),
-        Profile("2g.12gb", 2, 2, (0, 2), 2),
-        Profile("2g.12gb+me", 2, 2, (0, 2), 1),
-        Profile("4g.24gb", 4, 4, (0,), 1),
-    ), {"1g.6gb": 2, "2g.12gb": 1}),
+        Profile("1g.6gb", 1, 1, (0, 1, 2, 3), 4, 0, 14),
+        Profile("1g.6gb+me", 1, 1, (0, 1, 2, 3), 1, 7, 21),
+        Profile("2g.12gb", 2, 2, (0, 2), 2, 1, 5),
+        Profile("2g.12gb+me", 2, 2, (0, 2), 1, 8, 6),
+        Profile("4g.24gb", 4, 4, (0,), 1, 3, 0),
+    ), {"1g.6gb": 2, "2g.12gb": 1}, {1: 14, 2: 28, 4: 56}),
 )
 _BY_DEVICE = {device: model for model in MODELS for device in model.pci_device_ids}
 

@@ -70,8 +70,39 @@ def gpu_rows(report: Mapping[str, Any]) -> list[dict[str, Any]]:
             "processes": [{"pid": p.get("pid"), "used_memory_mib":
                            (p.get("used_memory") or 0) // MIB}
                           for p in gpu.get("processes") or []],
+            "mig": _mig(gpu.get("mig")),
         })
     return rows
+
+
+def _mig(mig: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """MIG mode and devices of a GPU; None where it has no MIG."""
+    if mig is None:
+        return None
+    return {"enabled": mig.get("current"), "pending": mig.get("pending"),
+            "devices": [{"uuid": d.get("uuid"), "profile": d.get("profile"),
+                         "gpu_instance_id": d.get("gpu_instance_id"),
+                         "compute_instance_id": d.get("compute_instance_id"),
+                         "memory_mib": d.get("memory_mb")}
+                        for d in mig.get("devices") or []]}
+
+
+def _mig_mode(mig: Mapping[str, Any] | None) -> str:
+    if not mig or (not mig["enabled"] and not mig["pending"]):
+        return ""
+    if mig["enabled"] == mig["pending"]:
+        return " [MIG]"
+    return f" [MIG {'on' if mig['enabled'] else 'off'}, {'on' if mig['pending'] else 'off'} " \
+        "after reset]"
+
+
+def _mig_rows(row: Mapping[str, Any]) -> list[list[Any]]:
+    """The GPU's MIG devices under it, as `nvidia-smi -L` lists them: GPU/GI/CI, profile,
+    the instance's memory and its MIG- UUID."""
+    return [[f"  {row['index']}/{d['gpu_instance_id']}/{d['compute_instance_id']}",
+             f"  MIG {d['profile']} ({d['uuid']})", "-",
+             f"{d['memory_mib']} MiB" if d["memory_mib"] is not None else None, "-", "-", "-"]
+            for d in (row["mig"] or {}).get("devices") or []]
 
 
 def _table(results: Sequence[Any]) -> str:
@@ -103,12 +134,13 @@ def _table(results: Sequence[Any]) -> str:
             power = (f"{row['power_w']:.0f}/{row['power_limit_w']:.0f} W"
                      if row["power_w"] is not None and row["power_limit_w"] else None)
             table_rows.append([
-                row["index"], row["name"], _bar(row["utilization_gpu"]),
+                row["index"], f"{row['name']}{_mig_mode(row['mig'])}", _bar(row["utilization_gpu"]),
                 f"{_bar(mem_pct)} {used}/{total} MiB" if total else None,
                 f"{row['temperature_c']} C" if row["temperature_c"] is not None else None,
                 power,
                 ", ".join(str(p["pid"]) for p in row["processes"]) or "-",
             ])
+            table_rows += _mig_rows(row)
         table = render_table(["GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "PIDS"],
                              table_rows)
         lines += ["  " + line for line in table.splitlines()]

@@ -282,6 +282,12 @@ class Lab:
             args += ["--volume", f"{src}:{dst}:ro"]
         # Downloaded packages outlive the lab, so rebuilding it does not download them again.
         args += ["--volume", f"{apt_cache}:/var/cache/apt/archives"]
+        if node.has_gpu:
+            # SIMULATION: the MIG state the driver keeps (simnvml.c), written by NVML calls in
+            # the node and read by the emulated device plugin on this machine.
+            mig_state = ndir / simhw.MIG_STATE_DIR
+            mig_state.mkdir(exist_ok=True)
+            args += ["--volume", f"{mig_state}:{simhw.MIG_STATE_NODE_PATH}"]
         # containerd's root on the host's filesystem: its overlayfs snapshotter cannot mount
         # layers on top of the node container's own overlay root.
         args += ["--volume", f"{containerd_root}:/var/lib/containerd"]

@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuprov import mig
 from gpuprov.errors import GpuprovError
 from gpuprov.lab import faults as fault_registry
 from gpuprov.lab.profiles import (
@@ -168,6 +169,12 @@ def _write_pci_tree(pci: Path, functions: list[PciFunction]) -> None:
             (directory / name).write_text(value + "\n")
 
 
+# The MIG state the simulated driver keeps (simnvml.c mig_state_dir): node_dir/mig, mounted
+# writable at MIG_STATE_NODE_PATH in the node.
+MIG_STATE_DIR = "mig"
+MIG_STATE_NODE_PATH = "/var/lib/gpuprov-sim/mig"
+
+
 def _nvml_conf(node_name: str, profile: NodeProfile) -> str:
     branches = " ".join(f"{b}:{c}" for b, c in sorted(CUDA_BY_BRANCH.items()))
     lines = [
@@ -214,7 +221,25 @@ def _nvml_conf(node_name: str, profile: NodeProfile) -> str:
             f"ecc = {int(m.ecc)}",
             f"row_remapping = {int(m.row_remapping)}",
         ]
+        lines += _mig_lines(m.pci_device_id, m.memory_total)
     return "\n".join(lines) + "\n"
+
+
+def _mig_lines(device_id: int, memory_total: int) -> list[str]:
+    """A MIG-capable model's GPU instance profiles, from gpuprov/mig.py (one table for the
+    MIG stage, verify and this simulation); MIG mode off, as a GPU leaves the factory.
+    Instance memory is derived (the GPU's memory over its memory slices, in 128 MiB steps),
+    not NVIDIA's figure: SIMULATION.md says so."""
+    model = mig.model_of(device_id)
+    if model is None:
+        return []
+    slice_mb = (memory_total >> 20) // model.memory_slices // 128 * 128
+    profiles = ";".join(
+        f"{p.nvml_index}:{p.nvml_id}:{p.name}:{p.compute}:{p.size}:{p.count}:"
+        f"{model.multiprocessors[p.compute]}:{slice_mb * p.size}:"
+        f"{','.join(map(str, p.starts))}" for p in model.profiles)
+    return ["mig_mode = 0", f"mig_compute_slices = {model.compute_slices}",
+            f"mig_profiles = {profiles}"]
 
 
 def _write_atomic(path: Path, text: str) -> None:

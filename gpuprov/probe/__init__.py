@@ -59,6 +59,11 @@ Schema (schema_version 1; keys are always present, values may be null):
                            clock_event_reasons {mask, names ["hw_thermal_slowdown",
                              ...]}, pcie {gen_current, gen_max, width_current,
                              width_max}, processes [{pid, used_memory}],
+                           mig {current, pending (MIG mode), devices [{index, uuid,
+                             name, profile "1g.10gb", gpu_instance_id,
+                             compute_instance_id, memory_mb, multiprocessors,
+                             gpu_instance_slices, compute_instance_slices}]} | null
+                             (no MIG on this GPU),
                            errors {field: error} ]
     kernel_module   loaded, version (/sys/module/nvidia/version, else
                     /proc/driver/nvidia/version), flavor "open" | "proprietary" |

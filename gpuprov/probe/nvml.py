@@ -26,6 +26,8 @@ _VOLATILE_ECC = 0
 _AGGREGATE_ECC = 1
 _RETIRED_SBE = 0  # NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
 _RETIRED_DBE = 1  # NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+_ERROR_NOT_SUPPORTED = 3
+_ERROR_NOT_FOUND = 6
 _ERROR_FUNCTION_NOT_FOUND = 13
 
 # nvmlClocksEventReason* bits (called "throttle reasons" before NVML 12.2).
@@ -220,8 +222,62 @@ def _gpu(nv: Any, index: int) -> dict:
     gpu["processes"] = (
         None if procs is None else [{"pid": p.pid, "used_memory": p.usedGpuMemory} for p in procs]
     )
+    gpu["mig"] = _mig(nv, handle, errors)
     gpu["errors"] = errors
     return gpu
+
+
+def _mig(nv: Any, handle: Any, errors: dict) -> dict | None:
+    """MIG mode and MIG devices; None where the GPU has no MIG (NOT_SUPPORTED, as every
+    pre-Ampere GPU answers) or the driver's NVML has no MIG calls.
+
+        current, pending   MIG mode (True: enabled); pending differs until the GPU is reset
+        devices            [{index, uuid, name, profile ("1g.10gb"), gpu_instance_id,
+                           compute_instance_id, memory_mb, multiprocessors, gpu_instance_slices,
+                           compute_instance_slices}] in NVML's order (nvmlDeviceGetMigDevice-
+                           HandleByIndex), as `nvidia-smi -L` lists them under their GPU
+    """
+    get_mode = getattr(nv, "nvmlDeviceGetMigMode", None)
+    if get_mode is None:  # a pynvml from before MIG (or a test double without it)
+        return None
+    try:
+        current, pending = get_mode(handle)
+    except nv.NVMLError as exc:
+        if getattr(exc, "value", None) in (_ERROR_NOT_SUPPORTED, _ERROR_FUNCTION_NOT_FOUND):
+            return None
+        errors["mig"] = error_record(nv, exc)
+        return None
+    mig: dict = {"current": bool(current), "pending": bool(pending), "devices": []}
+    q = _Queries(nv, errors)
+    for index in range(q("mig.max_devices", lambda: nv.nvmlDeviceGetMaxMigDeviceCount(handle))
+                       or 0):
+        try:
+            device = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+        except nv.NVMLError as exc:
+            if getattr(exc, "value", None) != _ERROR_NOT_FOUND:  # NOT_FOUND: a free slot
+                errors[f"mig.devices[{index}]"] = error_record(nv, exc)
+            continue
+        name = _text(q(f"mig.devices[{index}].name", lambda d=device: nv.nvmlDeviceGetName(d)))
+        attrs = q(f"mig.devices[{index}].attributes",
+                  lambda d=device: nv.nvmlDeviceGetAttributes_v2(d))
+        mig["devices"].append({
+            "index": index,
+            "uuid": _text(q(f"mig.devices[{index}].uuid",
+                            lambda d=device: nv.nvmlDeviceGetUUID(d))),
+            "name": name,
+            # NVML names a MIG device "<GPU name> MIG <profile>" (the GPU instance profile's
+            # name, "MIG 1g.10gb", as nvidia-smi mig -lgip prints it).
+            "profile": name.rpartition(" MIG ")[2] if name and " MIG " in name else None,
+            "gpu_instance_id": q(f"mig.devices[{index}].gpu_instance_id",
+                                 lambda d=device: nv.nvmlDeviceGetGpuInstanceId(d)),
+            "compute_instance_id": q(f"mig.devices[{index}].compute_instance_id",
+                                     lambda d=device: nv.nvmlDeviceGetComputeInstanceId(d)),
+            "memory_mb": None if attrs is None else attrs.memorySizeMB,
+            "multiprocessors": None if attrs is None else attrs.multiprocessorCount,
+            "gpu_instance_slices": None if attrs is None else attrs.gpuInstanceSliceCount,
+            "compute_instance_slices": None if attrs is None else attrs.computeInstanceSliceCount,
+        })
+    return mig
 
 
 def _ecc(nv: Any, handle: Any, q: _Queries) -> dict:

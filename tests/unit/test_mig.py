@@ -49,7 +49,19 @@ def test_layouts_that_do_not_fit_say_why(device, layout, words):
 
 def test_only_mig_capable_gpus_have_a_model():
     assert mig.model_of(P100) is None
-    assert mig.model_of(H100).name == mig.model_of(0x20B2).name  # H100-80GB and A100-80GB
+    # H100-80GB and A100-80GB: one profile set, each its own SMs per instance.
+    h100, a100 = mig.model_of(H100), mig.model_of(0x20B2)
+    assert h100.profiles == a100.profiles and h100.multiprocessors != a100.multiprocessors
+
+
+def test_every_profile_has_its_nvml_index_id_and_sms():
+    for model in mig.MODELS:
+        indices = [p.nvml_index for p in model.profiles]
+        ids = [p.nvml_id for p in model.profiles]
+        assert len(set(indices)) == len(indices) and len(set(ids)) == len(ids), model.name
+        assert {p.compute for p in model.profiles} == set(model.multiprocessors), model.name
+        whole = next(p for p in model.profiles if p.compute == model.compute_slices)
+        assert whole.nvml_id == 0, model.name  # the whole-GPU profile is ID 0 [lgip]
 
 
 def test_default_layouts_are_mig_parteds():
@@ -88,7 +100,7 @@ def test_plan_reports_a_layout_a_gpu_cannot_take():
     configs = mig.validate({"version": "v1", "mig-configs": {
         "too-many": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": 8}}]}})
     (layout,) = mig.plan(configs, "too-many", [(3, H100)])
-    assert layout.problem == "GPU 3: A100/H100-80GB takes at most 7 1g.10gb, not 8"
+    assert layout.problem == "GPU 3: H100-80GB takes at most 7 1g.10gb, not 8"
     with pytest.raises(mig.ConfigError, match="no MIG layout 'nope'; the configuration has"):
         mig.plan(configs, "nope", [(0, H100)])
 

@@ -352,13 +352,16 @@ class LabBackend:
         sim = self.lab_dir / "nodes" / node / "sim"
         if not sim.is_dir():
             return []
-        signature = tuple(sorted((str(p), p.stat().st_mtime_ns) for p in sim.rglob("*")
+        mig_state = sim.parent / "mig"  # simhw.MIG_STATE_DIR: the driver's MIG state
+        signature = tuple(sorted((str(p), p.stat().st_mtime_ns)
+                                 for p in [*sim.rglob("*"), *mig_state.glob("mig-state")]
                                  if p.is_file()))
         cached = self._gpu_cache.get(node)
         if cached and cached[0] == signature:
             return cached[1]
         env = {k: v for k, v in os.environ.items() if k != CONTAINER_GPUS_ENV}
         env["GPUPROV_SIM_DIR"] = str(sim)
+        env["GPUPROV_SIM_STATE_DIR"] = str(mig_state)
         env["LD_LIBRARY_PATH"] = str(self.lab_dir / "nvml")
         proc = subprocess.run([sys.executable, "-c", _NVML_SCRIPT], env=env,
                               capture_output=True, text=True, timeout=30, check=False)

@@ -24,6 +24,7 @@
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <limits.h>
 #include <pthread.h>
@@ -35,7 +36,9 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <sys/file.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 /* ---- NVML ABI (values and layouts as in nvml.h) --------------------------------------- */
 typedef int nvmlReturn_t;
@@ -47,7 +50,11 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_NO_PERMISSION = 4,
     NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_RESET_REQUIRED = 16,
+    NVML_ERROR_IN_USE = 19,
+    NVML_ERROR_INSUFFICIENT_RESOURCES = 23,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
@@ -133,6 +140,36 @@ struct sim_proc {
     unsigned long long used;
 };
 
+/* MIG: a GPU instance profile of the GPU's model (nvml.conf mig_profiles, from
+ * gpuprov/mig.py), a GPU instance (GI) and a compute instance (CI) in it. A CI is what NVML
+ * hands out as a MIG device (nvmlDevice_t pointing at the CI). Instances live in slots by
+ * id, so a handle stays valid while its instance exists. */
+#define MAX_MIG_PROFILES 8
+#define MAX_GI 7 /* ids 1..7 */
+#define MAX_CI 8 /* ids 0..7 */
+#define MIG_MEMORY_SLICES 8
+
+struct sim_mig_profile {
+    unsigned int index; /* NVML_GPU_INSTANCE_PROFILE_* */
+    unsigned int id;    /* the profile's ID (nvidia-smi mig -lgip) */
+    char name[32];      /* "1g.10gb", "1g.10gb+me" */
+    unsigned int compute, size, count, sm, starts_mask;
+    unsigned long long memory_mb;
+};
+
+struct sim_ci {
+    int used;
+    unsigned int profile; /* NVML_COMPUTE_INSTANCE_PROFILE_*, also its id */
+    unsigned int start, slices;
+};
+
+struct sim_gi {
+    int used;
+    const struct sim_mig_profile *profile;
+    unsigned int start;
+    struct sim_ci cis[MAX_CI];
+};
+
 struct sim_gpu {
     char name[96];
     char uuid[96];
@@ -155,6 +192,10 @@ struct sim_gpu {
     /* GPUPROV_SIM_CONTAINER_GPUS */
     int visible;
     unsigned int visible_index;
+    /* MIG: no profiles = not MIG-capable */
+    unsigned int nmig_profiles, mig_boot_mode, mig_current, mig_pending, compute_slices;
+    struct sim_mig_profile mig_profiles[MAX_MIG_PROFILES];
+    struct sim_gi gis[MAX_GI + 1]; /* by id; slot 0 unused */
 };
 
 struct sim_state {
@@ -281,6 +322,31 @@ static int parse_global_key(struct sim_state *st, const char *key, char *value)
     if (!strcmp(key, k))   \
     return parse_uint(value, &g->field)
 
+/* mig_profiles = index:id:name:compute:size:count:sm:memory_mb:start,start,...;... */
+static int parse_mig_profiles(struct sim_gpu *g, char *value)
+{
+    char *save = NULL;
+    for (char *item = strtok_r(value, ";", &save); item; item = strtok_r(NULL, ";", &save)) {
+        struct sim_mig_profile *p;
+        char starts[64], extra;
+        char *save2 = NULL;
+        if (g->nmig_profiles >= MAX_MIG_PROFILES)
+            return -1;
+        p = &g->mig_profiles[g->nmig_profiles++];
+        if (sscanf(trim(item), "%u:%u:%31[^:]:%u:%u:%u:%u:%llu:%63[0-9,]%c", &p->index, &p->id,
+                   p->name, &p->compute, &p->size, &p->count, &p->sm, &p->memory_mb, starts,
+                   &extra) != 9)
+            return -1;
+        for (char *t = strtok_r(starts, ",", &save2); t; t = strtok_r(NULL, ",", &save2)) {
+            unsigned int start;
+            if (parse_uint(t, &start) || start + p->size > MIG_MEMORY_SLICES)
+                return -1;
+            p->starts_mask |= 1u << start;
+        }
+    }
+    return 0;
+}
+
 static int parse_gpu_key(struct sim_gpu *g, const char *key, char *value)
 {
     if (!strcmp(key, "name"))
@@ -314,6 +380,10 @@ static int parse_gpu_key(struct sim_gpu *g, const char *key, char *value)
         return parse_uint(value, (unsigned int *)&g->row_remapping);
     if (!strcmp(key, "processes"))
         return parse_processes(g, value);
+    if (!strcmp(key, "mig_profiles"))
+        return parse_mig_profiles(g, value);
+    UINT_KEY("mig_mode", mig_boot_mode);
+    UINT_KEY("mig_compute_slices", compute_slices);
     UINT_KEY("pci_device_id", pci_device_id);
     UINT_KEY("pci_subsystem_id", pci_subsystem_id);
     UINT_KEY("architecture", architecture);
@@ -627,6 +697,124 @@ static void apply_visible_devices(struct sim_state *st)
     }
 }
 
+/* ---- MIG state: what the driver keeps across processes ------------------------------- *
+ * $GPUPROV_SIM_STATE_DIR/mig-state (default /var/lib/gpuprov-sim/mig, a writable mount of
+ * the node's lab directory: simhw.MIG_STATE_NODE_PATH), one line per fact:
+ *   mode <gpu-uuid> <current> <pending>
+ *   gi <gpu-uuid> <gi-id> <profile-id> <start>
+ *   ci <gpu-uuid> <gi-id> <ci-id> <ci-profile> <start>
+ * Written whole (temporary file, rename) under an flock by each call that changes it, after
+ * reading it again, so that processes (the MIG stage, verify, nvidia-smi) see one another's
+ * changes. */
+static const char *mig_state_dir(void)
+{
+    const char *dir = getenv("GPUPROV_SIM_STATE_DIR");
+    return dir && *dir ? dir : "/var/lib/gpuprov-sim/mig";
+}
+
+static struct sim_gpu *gpu_by_uuid(struct sim_state *st, const char *uuid)
+{
+    for (unsigned int i = 0; i < st->ngpus; i++)
+        if (!strcmp(st->gpus[i].uuid, uuid))
+            return &st->gpus[i];
+    return NULL;
+}
+
+static const struct sim_mig_profile *mig_profile_by_id(const struct sim_gpu *g, unsigned int id)
+{
+    for (unsigned int i = 0; i < g->nmig_profiles; i++)
+        if (g->mig_profiles[i].id == id)
+            return &g->mig_profiles[i];
+    return NULL;
+}
+
+static void read_mig_state(struct sim_state *st)
+{
+    char path[PATH_MAX], line[LINE_MAX_LEN + 2];
+    FILE *f;
+
+    for (unsigned int i = 0; i < st->ngpus; i++) {
+        struct sim_gpu *g = &st->gpus[i];
+        memset(g->gis, 0, sizeof g->gis);
+        g->mig_current = g->mig_pending = g->mig_boot_mode;
+    }
+    if (snprintf(path, sizeof path, "%s/mig-state", mig_state_dir()) >= (int)sizeof path)
+        return;
+    f = fopen(path, "r");
+    if (!f)
+        return; /* nothing changed since the node came up */
+    while (fgets(line, sizeof line, f)) {
+        char kind[8], uuid[96], extra;
+        unsigned int a, b, c, d;
+        struct sim_gpu *g;
+        int n = sscanf(line, "%7s %95s %u %u %u %u %c", kind, uuid, &a, &b, &c, &d, &extra);
+        g = n >= 4 ? gpu_by_uuid(st, uuid) : NULL;
+        if (!g || !g->nmig_profiles)
+            continue; /* another node's GPU, or one no longer configured */
+        if (!strcmp(kind, "mode") && n == 4) {
+            g->mig_current = a;
+            g->mig_pending = b;
+        } else if (!strcmp(kind, "gi") && n == 5 && a >= 1 && a <= MAX_GI &&
+                   mig_profile_by_id(g, b)) {
+            g->gis[a].used = 1;
+            g->gis[a].profile = mig_profile_by_id(g, b);
+            g->gis[a].start = c;
+        } else if (!strcmp(kind, "ci") && n == 6 && a >= 1 && a <= MAX_GI && g->gis[a].used &&
+                   b < MAX_CI) {
+            g->gis[a].cis[b].used = 1;
+            g->gis[a].cis[b].profile = c;
+            g->gis[a].cis[b].start = d;
+        } else {
+            complain("%s: ignoring malformed line: %s", path, trim(line));
+        }
+    }
+    fclose(f);
+    for (unsigned int i = 0; i < st->ngpus; i++) /* a CI's size follows from its profile */
+        for (unsigned int gi = 1; gi <= MAX_GI; gi++)
+            for (unsigned int ci = 0; ci < MAX_CI; ci++) {
+                struct sim_ci *x = &st->gpus[i].gis[gi].cis[ci];
+                static const unsigned int slices[] = {1, 2, 3, 4, 7, 8, 6, 1, 7};
+                x->slices = x->profile < sizeof slices / sizeof *slices ? slices[x->profile] : 1;
+            }
+}
+
+static nvmlReturn_t write_mig_state(const struct sim_state *st)
+{
+    char path[PATH_MAX], tmp[PATH_MAX];
+    FILE *f;
+
+    if (snprintf(path, sizeof path, "%s/mig-state", mig_state_dir()) >= (int)sizeof path ||
+        snprintf(tmp, sizeof tmp, "%s.%d", path, (int)getpid()) >= (int)sizeof tmp)
+        return NVML_ERROR_UNKNOWN;
+    f = fopen(tmp, "w");
+    if (!f) {
+        complain("cannot write %s: %s", tmp, strerror(errno));
+        return errno == EACCES || errno == EROFS ? NVML_ERROR_NO_PERMISSION : NVML_ERROR_UNKNOWN;
+    }
+    for (unsigned int i = 0; i < st->ngpus; i++) {
+        const struct sim_gpu *g = &st->gpus[i];
+        if (!g->nmig_profiles)
+            continue;
+        fprintf(f, "mode %s %u %u\n", g->uuid, g->mig_current, g->mig_pending);
+        for (unsigned int gi = 1; gi <= MAX_GI; gi++) {
+            if (!g->gis[gi].used)
+                continue;
+            fprintf(f, "gi %s %u %u %u\n", g->uuid, gi, g->gis[gi].profile->id,
+                    g->gis[gi].start);
+            for (unsigned int ci = 0; ci < MAX_CI; ci++)
+                if (g->gis[gi].cis[ci].used)
+                    fprintf(f, "ci %s %u %u %u %u\n", g->uuid, gi, ci,
+                            g->gis[gi].cis[ci].profile, g->gis[gi].cis[ci].start);
+        }
+    }
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        complain("cannot write %s: %s", path, strerror(errno));
+        unlink(tmp);
+        return NVML_ERROR_UNKNOWN;
+    }
+    return NVML_SUCCESS;
+}
+
 static nvmlReturn_t load_state(struct sim_state *st)
 {
     const char *dir = getenv("GPUPROV_SIM_DIR");
@@ -661,6 +849,7 @@ static nvmlReturn_t load_state(struct sim_state *st)
         if (g->hot)
             g->temperature = g->temp_slowdown + HOT_ABOVE_SLOWDOWN;
     }
+    read_mig_state(st);
     apply_visible_devices(st);
     return NVML_SUCCESS;
 }
@@ -755,6 +944,7 @@ API const char *nvmlErrorString(nvmlReturn_t result)
     case 19: return "In use by another client";
     case 20: return "Insufficient Memory";
     case 21: return "No data";
+    case 23: return "Insufficient resources";
     case 25: return "Argument version mismatch";
     default: return "Unknown Error";
     }
@@ -856,14 +1046,36 @@ API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevi
     return NVML_ERROR_NOT_FOUND;
 }
 
+/* MIG device handles (below): the getters that answer for them too. */
+static struct sim_ci *mig_device(nvmlDevice_t d, struct sim_gi **gi, struct sim_gpu **gpu);
+static void mig_uuid(const struct sim_gpu *g, unsigned int gi, unsigned int ci, char *out,
+                     size_t size);
+
 API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
+    struct sim_gpu *g = NULL;
+    struct sim_gi *gi = NULL;
+    REQUIRE_INIT();
+    if (name && mig_device(device, &gi, &g)) { /* "NVIDIA H100 80GB HBM3 MIG 1g.10gb" */
+        char buf[160];
+        snprintf(buf, sizeof buf, "%s MIG %s", g->name, gi->profile->name);
+        return copy_out(name, length, buf);
+    }
     REQUIRE_DEVICE(device, name);
     return copy_out(name, length, device->name);
 }
 
 API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
+    struct sim_gpu *g = NULL;
+    struct sim_gi *gi = NULL;
+    struct sim_ci *ci;
+    REQUIRE_INIT();
+    if (uuid && (ci = mig_device(device, &gi, &g))) {
+        char buf[96];
+        mig_uuid(g, (unsigned int)(gi - g->gis), (unsigned int)(ci - gi->cis), buf, sizeof buf);
+        return copy_out(uuid, length, buf);
+    }
     REQUIRE_DEVICE(device, uuid);
     return copy_out(uuid, length, device->uuid);
 }
@@ -899,6 +1111,14 @@ API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci
 
 API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
+    struct sim_gi *gi = NULL;
+    REQUIRE_INIT();
+    if (memory && mig_device(device, &gi, NULL)) { /* the GPU instance's memory, unused */
+        memory->total = gi->profile->memory_mb << 20;
+        memory->used = 0;
+        memory->free = memory->total;
+        return NVML_SUCCESS;
+    }
     REQUIRE_DEVICE(device, memory);
     memory->total = device->memory_total;
     memory->used = device->memory_used;
@@ -908,9 +1128,18 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memo
 
 API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
-    REQUIRE_DEVICE(device, memory);
-    if (memory->version != nvmlMemory_v2)
+    struct sim_gi *gi = NULL;
+    REQUIRE_INIT();
+    if (memory && memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (memory && mig_device(device, &gi, NULL)) {
+        memory->total = gi->profile->memory_mb << 20;
+        memory->reserved = 0;
+        memory->used = 0;
+        memory->free = memory->total;
+        return NVML_SUCCESS;
+    }
+    REQUIRE_DEVICE(device, memory);
     memory->total = device->memory_total;
     memory->reserved = 0;
     memory->used = device->memory_used;
@@ -1217,4 +1446,790 @@ API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
                                                          nvmlProcessInfo_t *infos)
 {
     return running_processes(device, infoCount, infos);
+}
+
+/* ---- MIG ------------------------------------------------------------------------------ *
+ * Followed: NVML's API reference (nvml.h, "Multi Instance GPU Management"), NVIDIA's MIG user
+ * guide (profiles, placements, "GPU Reset" and mode changes). Simplified, and said so in
+ * gpuprov/lab/SIMULATION.md: GPU instance ids are the lowest free id (the driver numbers them
+ * by placement); a GPU whose processes still run keeps a mode change pending until the lab
+ * resets it, an idle one changes at once (the driver resets it itself, as on bare metal). */
+typedef struct sim_gi *nvmlGpuInstance_t;
+typedef struct sim_ci *nvmlComputeInstance_t;
+
+typedef struct {
+    unsigned int start;
+    unsigned int size;
+} nvmlGpuInstancePlacement_t, nvmlComputeInstancePlacement_t;
+
+typedef struct {
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount;
+    unsigned int copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount;
+    unsigned int copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+} nvmlGpuInstanceProfileInfo_v2_t;
+#define nvmlGpuInstanceProfileInfo_v2 NVML_STRUCT_VERSION(sizeof(nvmlGpuInstanceProfileInfo_v2_t), 2)
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id, profileId;
+    nvmlGpuInstancePlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+
+typedef struct {
+    unsigned int id, sliceCount, instanceCount, multiprocessorCount;
+    unsigned int sharedCopyEngineCount, sharedDecoderCount, sharedEncoderCount;
+    unsigned int sharedJpegCount, sharedOfaCount;
+} nvmlComputeInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int id, sliceCount, instanceCount, multiprocessorCount;
+    unsigned int sharedCopyEngineCount, sharedDecoderCount, sharedEncoderCount;
+    unsigned int sharedJpegCount, sharedOfaCount;
+    char name[96];
+} nvmlComputeInstanceProfileInfo_v2_t;
+#define nvmlComputeInstanceProfileInfo_v2 NVML_STRUCT_VERSION(sizeof(nvmlComputeInstanceProfileInfo_v2_t), 2)
+
+typedef struct {
+    nvmlDevice_t device;
+    nvmlGpuInstance_t gpuInstance;
+    unsigned int id, profileId;
+    nvmlComputeInstancePlacement_t placement;
+} nvmlComputeInstanceInfo_t;
+
+typedef struct {
+    unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount;
+    unsigned int sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+    unsigned int gpuInstanceSliceCount, computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+
+#define CI_PROFILES 5 /* 1, 2, 3, 4 and 7 slices: NVML_COMPUTE_INSTANCE_PROFILE_1..7_SLICE */
+static const unsigned int ci_slices[CI_PROFILES] = {1, 2, 3, 4, 7};
+/* Media engines of a whole GPU (copy engines, NVDEC, NVENC, NVJPG, OFA; H100 SXM: 7 NVDEC,
+ * 7 NVJPG, 1 OFA, no NVENC). A GI gets its share by compute slices; "+me" the whole set. */
+#define GPU_COPY_ENGINES 7
+#define GPU_DECODERS 7
+#define GPU_JPEGS 7
+
+/* Locate a GI or CI handle in the live state: NULL where it is none (or destroyed). */
+static struct sim_gpu *gpu_of_gi(nvmlGpuInstance_t gi)
+{
+    for (unsigned int i = 0; i < S.ngpus; i++) {
+        struct sim_gpu *g = &S.gpus[i];
+        for (unsigned int id = 1; id <= MAX_GI; id++)
+            if (gi == &g->gis[id])
+                return g->visible && gi->used ? g : NULL;
+    }
+    return NULL;
+}
+
+static struct sim_gi *gi_of_ci(nvmlComputeInstance_t ci, struct sim_gpu **gpu)
+{
+    for (unsigned int i = 0; i < S.ngpus; i++) {
+        struct sim_gpu *g = &S.gpus[i];
+        for (unsigned int id = 1; id <= MAX_GI; id++)
+            for (unsigned int c = 0; c < MAX_CI; c++)
+                if (ci == &g->gis[id].cis[c]) {
+                    if (!g->visible || !g->gis[id].used || !ci->used)
+                        return NULL;
+                    if (gpu)
+                        *gpu = g;
+                    return &g->gis[id];
+                }
+    }
+    return NULL;
+}
+
+static unsigned int gi_id(const struct sim_gpu *g, const struct sim_gi *gi)
+{
+    return (unsigned int)(gi - g->gis);
+}
+
+static unsigned int ci_id(const struct sim_gi *gi, const struct sim_ci *ci)
+{
+    return (unsigned int)(ci - gi->cis);
+}
+
+/* A MIG device handle (a CI), or NULL for a GPU's own handle or anything else. */
+static struct sim_ci *mig_device(nvmlDevice_t d, struct sim_gi **gi, struct sim_gpu **gpu)
+{
+    struct sim_ci *ci = (struct sim_ci *)d;
+    struct sim_gi *owner = gi_of_ci(ci, gpu);
+    if (!owner)
+        return NULL;
+    if (gi)
+        *gi = owner;
+    return ci;
+}
+
+static void mig_uuid(const struct sim_gpu *g, unsigned int gi, unsigned int ci, char *out,
+                     size_t size)
+{
+    /* Stable for the instance's life and distinct per GPU, GI and CI (FNV-1a of them). */
+    unsigned long long h = 1469598103934665603ULL;
+    char key[128];
+    snprintf(key, sizeof key, "%s/%u/%u", g->uuid, gi, ci);
+    for (const char *c = key; *c; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211ULL;
+    snprintf(out, size, "MIG-%08llx-%04llx-%04llx-%04llx-%012llx", h >> 32, (h >> 16) & 0xffff,
+             h & 0xffff, (h >> 48) ^ 0x4000, (h * 2654435761ULL) & 0xffffffffffffULL);
+}
+
+static unsigned int memory_mask(unsigned int start, unsigned int size)
+{
+    return ((1u << size) - 1) << start;
+}
+
+static void gi_usage(const struct sim_gpu *g, unsigned int *memory, unsigned int *compute,
+                     unsigned int *media)
+{
+    *memory = *compute = *media = 0;
+    for (unsigned int id = 1; id <= MAX_GI; id++) {
+        const struct sim_gi *gi = &g->gis[id];
+        if (!gi->used)
+            continue;
+        *memory |= memory_mask(gi->start, gi->profile->size);
+        *compute += gi->profile->compute;
+        *media += strstr(gi->profile->name, "+me") != NULL;
+    }
+}
+
+/* Where the profile fits now: the highest allowed start that is free, as the driver places
+ * an instance created without a placement (`nvidia-smi mig -lgi` after `-cgi 9,14,19,19`
+ * shows the 3g instance at 4:4); -1: none. */
+static int free_start(const struct sim_gpu *g, const struct sim_mig_profile *p, int wanted)
+{
+    unsigned int memory, compute, media, count = 0;
+    gi_usage(g, &memory, &compute, &media);
+    for (unsigned int id = 1; id <= MAX_GI; id++)
+        count += g->gis[id].used && g->gis[id].profile == p;
+    if (count >= p->count || compute + p->compute > g->compute_slices ||
+        (strstr(p->name, "+me") && media))
+        return -1;
+    for (int start = MIG_MEMORY_SLICES - 1; start >= 0; start--) {
+        if (!(p->starts_mask & (1u << start)) || (wanted >= 0 && start != wanted))
+            continue;
+        if (!(memory & memory_mask((unsigned int)start, p->size)))
+            return start;
+    }
+    return -1;
+}
+
+static nvmlReturn_t require_mig(nvmlDevice_t device)
+{
+    REQUIRE_INIT();
+    if (!valid_device(device))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return device->nmig_profiles ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* Changes: under the state file's lock, from the state as it is now on disk. */
+static int mig_lock(void)
+{
+    char path[PATH_MAX];
+    int fd;
+    snprintf(path, sizeof path, "%s/mig-state.lock", mig_state_dir());
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    if (flock(fd, LOCK_EX) != 0) {
+        close(fd);
+        return -1;
+    }
+    read_mig_state(&S);
+    return fd;
+}
+
+static nvmlReturn_t mig_unlock(int fd, int write)
+{
+    nvmlReturn_t rc = write ? write_mig_state(&S) : NVML_SUCCESS;
+    close(fd);
+    return rc;
+}
+
+API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
+                                      unsigned int *pendingMode)
+{
+    nvmlReturn_t rc = require_mig(device);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!currentMode || !pendingMode)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *currentMode = device->mig_current;
+    *pendingMode = device->mig_pending;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode,
+                                      nvmlReturn_t *activationStatus)
+{
+    nvmlReturn_t rc = require_mig(device);
+    int fd;
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (mode > 1 || !activationStatus)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    fd = mig_lock();
+    if (fd < 0) {
+        pthread_mutex_unlock(&lock);
+        return NVML_ERROR_NO_PERMISSION;
+    }
+    for (unsigned int id = 1; id <= MAX_GI; id++)
+        if (device->gis[id].used) { /* instances must go first */
+            mig_unlock(fd, 0);
+            pthread_mutex_unlock(&lock);
+            return NVML_ERROR_IN_USE;
+        }
+    device->mig_pending = mode;
+    if (device->nprocs) {
+        *activationStatus = NVML_ERROR_RESET_REQUIRED; /* in use: pending until a reset */
+    } else {
+        device->mig_current = mode;
+        *activationStatus = NVML_SUCCESS;
+    }
+    rc = mig_unlock(fd, 1);
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+static const struct sim_mig_profile *profile_by_index(const struct sim_gpu *g, unsigned int index)
+{
+    for (unsigned int i = 0; i < g->nmig_profiles; i++)
+        if (g->mig_profiles[i].index == index)
+            return &g->mig_profiles[i];
+    return NULL;
+}
+
+static void fill_gi_profile(const struct sim_gpu *g, const struct sim_mig_profile *p,
+                            nvmlGpuInstanceProfileInfo_t *info)
+{
+    int me = strstr(p->name, "+me") != NULL;
+    memset(info, 0, sizeof *info);
+    info->id = p->id;
+    info->isP2pSupported = 0;
+    info->sliceCount = p->compute;
+    info->instanceCount = p->count;
+    info->multiprocessorCount = p->sm;
+    info->copyEngineCount = p->compute * GPU_COPY_ENGINES / g->compute_slices;
+    info->decoderCount = me ? GPU_DECODERS : p->compute * GPU_DECODERS / g->compute_slices;
+    info->jpegCount = me ? GPU_JPEGS : p->compute * GPU_JPEGS / g->compute_slices;
+    info->ofaCount = me || p->compute == g->compute_slices;
+    info->memorySizeMB = p->memory_mb;
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+                                                     nvmlGpuInstanceProfileInfo_t *info)
+{
+    nvmlReturn_t rc = require_mig(device);
+    const struct sim_mig_profile *p;
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    p = profile_by_index(device, profile);
+    if (!p)
+        return NVML_ERROR_NOT_SUPPORTED;
+    fill_gi_profile(device, p, info);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, unsigned int profile,
+                                                      nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+    nvmlGpuInstanceProfileInfo_t v1;
+    nvmlReturn_t rc;
+    if (info && info->version != nvmlGpuInstanceProfileInfo_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    rc = nvmlDeviceGetGpuInstanceProfileInfo(device, profile, info ? &v1 : NULL);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    /* Field by field: v2's 64-bit memory size sits after padding that v1 does not have. */
+    info->id = v1.id;
+    info->isP2pSupported = v1.isP2pSupported;
+    info->sliceCount = v1.sliceCount;
+    info->instanceCount = v1.instanceCount;
+    info->multiprocessorCount = v1.multiprocessorCount;
+    info->copyEngineCount = v1.copyEngineCount;
+    info->decoderCount = v1.decoderCount;
+    info->encoderCount = v1.encoderCount;
+    info->jpegCount = v1.jpegCount;
+    info->ofaCount = v1.ofaCount;
+    info->memorySizeMB = v1.memorySizeMB;
+    snprintf(info->name, sizeof info->name, "MIG %s", profile_by_index(device, profile)->name);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+    nvmlDevice_t device, unsigned int profileId, nvmlGpuInstancePlacement_t *placements,
+    unsigned int *count)
+{
+    nvmlReturn_t rc = require_mig(device);
+    const struct sim_mig_profile *p;
+    unsigned int n = 0;
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    p = mig_profile_by_id(device, profileId);
+    if (!p)
+        return NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned int start = 0; start < MIG_MEMORY_SLICES; start++)
+        n += (p->starts_mask >> start) & 1;
+    if (!placements) {
+        *count = n;
+        return NVML_SUCCESS;
+    }
+    if (*count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    n = 0;
+    for (unsigned int start = 0; start < MIG_MEMORY_SLICES; start++)
+        if (p->starts_mask & (1u << start)) {
+            placements[n].start = start;
+            placements[n++].size = p->size;
+        }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device,
+                                                           unsigned int profileId,
+                                                           unsigned int *count)
+{
+    nvmlReturn_t rc = require_mig(device);
+    const struct sim_mig_profile *p;
+    struct sim_gpu trial;
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    p = mig_profile_by_id(device, profileId);
+    if (!p)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (device->mig_current != 1)
+        return NVML_ERROR_NOT_SUPPORTED;
+    /* Place it again and again on a copy: aligned placements make this greedy count the
+     * maximum. */
+    trial = *device;
+    *count = 0;
+    for (int start; (start = free_start(&trial, p - device->mig_profiles + trial.mig_profiles,
+                                        -1)) >= 0;) {
+        unsigned int id = 1;
+        while (id <= MAX_GI && trial.gis[id].used)
+            id++;
+        if (id > MAX_GI)
+            break;
+        trial.gis[id].used = 1;
+        trial.gis[id].profile = p - device->mig_profiles + trial.mig_profiles;
+        trial.gis[id].start = (unsigned int)start;
+        (*count)++;
+    }
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t create_gi(nvmlDevice_t device, unsigned int profileId, int wanted,
+                              nvmlGpuInstance_t *out)
+{
+    nvmlReturn_t rc = require_mig(device);
+    const struct sim_mig_profile *p;
+    unsigned int id = 1;
+    int fd, start;
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!out)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    p = mig_profile_by_id(device, profileId);
+    if (!p || device->mig_current != 1)
+        return NVML_ERROR_NOT_SUPPORTED; /* no such profile, or MIG mode is off */
+    if (wanted >= 0 && !(p->starts_mask & (1u << wanted)))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    fd = mig_lock();
+    if (fd < 0) {
+        pthread_mutex_unlock(&lock);
+        return NVML_ERROR_NO_PERMISSION;
+    }
+    while (id <= MAX_GI && device->gis[id].used)
+        id++;
+    start = id <= MAX_GI ? free_start(device, p, wanted) : -1;
+    if (start < 0) {
+        mig_unlock(fd, 0);
+        pthread_mutex_unlock(&lock);
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    }
+    memset(&device->gis[id], 0, sizeof device->gis[id]);
+    device->gis[id].used = 1;
+    device->gis[id].profile = p;
+    device->gis[id].start = (unsigned int)start;
+    rc = mig_unlock(fd, 1);
+    if (rc == NVML_SUCCESS)
+        *out = &device->gis[id];
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int profileId,
+                                             nvmlGpuInstance_t *gpuInstance)
+{
+    return create_gi(device, profileId, -1, gpuInstance);
+}
+
+API nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(
+    nvmlDevice_t device, unsigned int profileId, const nvmlGpuInstancePlacement_t *placement,
+    nvmlGpuInstance_t *gpuInstance)
+{
+    if (!placement)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return create_gi(device, profileId, (int)placement->start, gpuInstance);
+}
+
+API nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance)
+{
+    struct sim_gpu *g;
+    nvmlReturn_t rc;
+    int fd;
+    REQUIRE_INIT();
+    pthread_mutex_lock(&lock);
+    fd = mig_lock(); /* re-reads: the instance may be gone already */
+    g = fd >= 0 ? gpu_of_gi(gpuInstance) : NULL;
+    if (!g) {
+        if (fd >= 0)
+            mig_unlock(fd, 0);
+        pthread_mutex_unlock(&lock);
+        return fd >= 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NO_PERMISSION;
+    }
+    for (unsigned int c = 0; c < MAX_CI; c++)
+        if (gpuInstance->cis[c].used) { /* its compute instances must go first */
+            mig_unlock(fd, 0);
+            pthread_mutex_unlock(&lock);
+            return NVML_ERROR_IN_USE;
+        }
+    memset(gpuInstance, 0, sizeof *gpuInstance);
+    rc = mig_unlock(fd, 1);
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId,
+                                           nvmlGpuInstance_t *gpuInstances, unsigned int *count)
+{
+    nvmlReturn_t rc = require_mig(device);
+    const struct sim_mig_profile *p;
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!gpuInstances || !count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    p = mig_profile_by_id(device, profileId);
+    if (!p)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *count = 0;
+    for (unsigned int id = 1; id <= MAX_GI; id++)
+        if (device->gis[id].used && device->gis[id].profile == p)
+            gpuInstances[(*count)++] = &device->gis[id];
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
+                                              nvmlGpuInstance_t *gpuInstance)
+{
+    nvmlReturn_t rc = require_mig(device);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!gpuInstance || id < 1 || id > MAX_GI)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!device->gis[id].used)
+        return NVML_ERROR_NOT_FOUND;
+    *gpuInstance = &device->gis[id];
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info)
+{
+    struct sim_gpu *g;
+    REQUIRE_INIT();
+    g = gpu_of_gi(gpuInstance);
+    if (!g || !info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    info->device = g;
+    info->id = gi_id(g, gpuInstance);
+    info->profileId = gpuInstance->profile->id;
+    info->placement.start = gpuInstance->start;
+    info->placement.size = gpuInstance->profile->size;
+    return NVML_SUCCESS;
+}
+
+/* Compute instance profiles of a GI: 1, 2, 3, 4 or 7 compute slices, at most its own. */
+static int ci_profile_of(const struct sim_gi *gi, unsigned int profile)
+{
+    if (profile >= CI_PROFILES || ci_slices[profile] > gi->profile->compute)
+        return -1;
+    if (ci_slices[profile] == 3 && gi->profile->compute == 4)
+        return -1; /* a 4g instance has no 3-slice compute profile */
+    return (int)profile;
+}
+
+API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(
+    nvmlGpuInstance_t gpuInstance, unsigned int profile, unsigned int engProfile,
+    nvmlComputeInstanceProfileInfo_t *info)
+{
+    struct sim_gpu *g;
+    unsigned int slices;
+    REQUIRE_INIT();
+    g = gpu_of_gi(gpuInstance);
+    if (!g || !info || engProfile != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (ci_profile_of(gpuInstance, profile) < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    slices = ci_slices[profile];
+    memset(info, 0, sizeof *info);
+    info->id = profile;
+    info->sliceCount = slices;
+    info->instanceCount = gpuInstance->profile->compute / slices;
+    info->multiprocessorCount = gpuInstance->profile->sm * slices / gpuInstance->profile->compute;
+    {
+        nvmlGpuInstanceProfileInfo_t gi;
+        fill_gi_profile(g, gpuInstance->profile, &gi);
+        info->sharedCopyEngineCount = gi.copyEngineCount;
+        info->sharedDecoderCount = gi.decoderCount;
+        info->sharedEncoderCount = gi.encoderCount;
+        info->sharedJpegCount = gi.jpegCount;
+        info->sharedOfaCount = gi.ofaCount;
+    }
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(
+    nvmlGpuInstance_t gpuInstance, unsigned int profile, unsigned int engProfile,
+    nvmlComputeInstanceProfileInfo_v2_t *info)
+{
+    nvmlComputeInstanceProfileInfo_t v1;
+    nvmlReturn_t rc;
+    if (info && info->version != nvmlComputeInstanceProfileInfo_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    rc = nvmlGpuInstanceGetComputeInstanceProfileInfo(gpuInstance, profile, engProfile,
+                                                      info ? &v1 : NULL);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    memcpy(&info->id, &v1, sizeof v1);
+    if (ci_slices[profile] == gpuInstance->profile->compute)
+        snprintf(info->name, sizeof info->name, "MIG %s", gpuInstance->profile->name);
+    else
+        snprintf(info->name, sizeof info->name, "MIG %uc.%s", ci_slices[profile],
+                 gpuInstance->profile->name);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuInstance,
+                                                      unsigned int profileId,
+                                                      nvmlComputeInstance_t *computeInstance)
+{
+    struct sim_gpu *g;
+    unsigned int used = 0, slices, c = 0;
+    nvmlReturn_t rc;
+    int fd;
+    REQUIRE_INIT();
+    if (!computeInstance)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    fd = mig_lock();
+    g = fd >= 0 ? gpu_of_gi(gpuInstance) : NULL;
+    if (!g || ci_profile_of(gpuInstance, profileId) < 0) {
+        if (fd >= 0)
+            mig_unlock(fd, 0);
+        pthread_mutex_unlock(&lock);
+        return fd < 0 ? NVML_ERROR_NO_PERMISSION
+                      : !g ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
+    }
+    slices = ci_slices[profileId];
+    for (unsigned int i = 0; i < MAX_CI; i++)
+        if (gpuInstance->cis[i].used)
+            used |= ((1u << gpuInstance->cis[i].slices) - 1) << gpuInstance->cis[i].start;
+    for (unsigned int start = 0; start + slices <= gpuInstance->profile->compute; start += slices)
+        if (!(used & (((1u << slices) - 1) << start))) {
+            while (c < MAX_CI && gpuInstance->cis[c].used)
+                c++;
+            if (c < MAX_CI) {
+                gpuInstance->cis[c].used = 1;
+                gpuInstance->cis[c].profile = profileId;
+                gpuInstance->cis[c].start = start;
+                gpuInstance->cis[c].slices = slices;
+                rc = mig_unlock(fd, 1);
+                if (rc == NVML_SUCCESS)
+                    *computeInstance = &gpuInstance->cis[c];
+                pthread_mutex_unlock(&lock);
+                return rc;
+            }
+        }
+    mig_unlock(fd, 0);
+    pthread_mutex_unlock(&lock);
+    return NVML_ERROR_INSUFFICIENT_RESOURCES;
+}
+
+API nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance)
+{
+    nvmlReturn_t rc;
+    int fd;
+    REQUIRE_INIT();
+    pthread_mutex_lock(&lock);
+    fd = mig_lock();
+    if (fd < 0 || !gi_of_ci(computeInstance, NULL)) {
+        if (fd >= 0)
+            mig_unlock(fd, 0);
+        pthread_mutex_unlock(&lock);
+        return fd < 0 ? NVML_ERROR_NO_PERMISSION : NVML_ERROR_INVALID_ARGUMENT;
+    }
+    memset(computeInstance, 0, sizeof *computeInstance);
+    rc = mig_unlock(fd, 1);
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+API nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInstance,
+                                                    unsigned int profileId,
+                                                    nvmlComputeInstance_t *computeInstances,
+                                                    unsigned int *count)
+{
+    REQUIRE_INIT();
+    if (!gpu_of_gi(gpuInstance) || !computeInstances || !count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (ci_profile_of(gpuInstance, profileId) < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *count = 0;
+    for (unsigned int c = 0; c < MAX_CI; c++)
+        if (gpuInstance->cis[c].used && gpuInstance->cis[c].profile == profileId)
+            computeInstances[(*count)++] = &gpuInstance->cis[c];
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance,
+                                               nvmlComputeInstanceInfo_t *info)
+{
+    struct sim_gpu *g = NULL;
+    struct sim_gi *gi;
+    REQUIRE_INIT();
+    gi = gi_of_ci(computeInstance, &g);
+    if (!gi || !info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    info->device = g;
+    info->gpuInstance = gi;
+    info->id = ci_id(gi, computeInstance);
+    info->profileId = computeInstance->profile;
+    info->placement.start = computeInstance->start;
+    info->placement.size = computeInstance->slices;
+    return NVML_SUCCESS;
+}
+
+/* MIG devices: a GPU's compute instances, in GI then CI id order. */
+API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    REQUIRE_DEVICE(device, count);
+    /* Zero where MIG is not supported or not enabled (nvml.h). */
+    *count = device->nmig_profiles && device->mig_current == 1 ? device->compute_slices : 0;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                     nvmlDevice_t *migDevice)
+{
+    unsigned int n = 0;
+    REQUIRE_DEVICE(device, migDevice);
+    if (!device->nmig_profiles)
+        return NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned int id = 1; id <= MAX_GI; id++)
+        for (unsigned int c = 0; device->gis[id].used && c < MAX_CI; c++)
+            if (device->gis[id].cis[c].used && n++ == index) {
+                *migDevice = (nvmlDevice_t)&device->gis[id].cis[c];
+                return NVML_SUCCESS;
+            }
+    return index < device->compute_slices ? NVML_ERROR_NOT_FOUND : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
+{
+    REQUIRE_INIT();
+    if (!isMigDevice)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (mig_device(device, NULL, NULL)) {
+        *isMigDevice = 1;
+        return NVML_SUCCESS;
+    }
+    if (!valid_device(device))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *isMigDevice = 0;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice,
+                                                              nvmlDevice_t *device)
+{
+    struct sim_gpu *g = NULL;
+    REQUIRE_INIT();
+    if (!device || !mig_device(migDevice, NULL, &g))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *device = g;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    struct sim_gpu *g = NULL;
+    struct sim_gi *gi = NULL;
+    REQUIRE_INIT();
+    if (!id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!mig_device(device, &gi, &g))
+        return valid_device(device) ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    *id = gi_id(g, gi);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    struct sim_gi *gi = NULL;
+    struct sim_ci *ci;
+    REQUIRE_INIT();
+    if (!id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    ci = mig_device(device, &gi, NULL);
+    if (!ci)
+        return valid_device(device) ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    *id = ci_id(gi, ci);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes)
+{
+    struct sim_gpu *g = NULL;
+    struct sim_gi *gi = NULL;
+    struct sim_ci *ci;
+    nvmlGpuInstanceProfileInfo_t info;
+    REQUIRE_INIT();
+    if (!attributes)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    ci = mig_device(device, &gi, &g);
+    if (!ci)
+        return valid_device(device) ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+    fill_gi_profile(g, gi->profile, &info);
+    memset(attributes, 0, sizeof *attributes);
+    attributes->multiprocessorCount = gi->profile->sm * ci->slices / gi->profile->compute;
+    attributes->sharedCopyEngineCount = info.copyEngineCount;
+    attributes->sharedDecoderCount = info.decoderCount;
+    attributes->sharedEncoderCount = info.encoderCount;
+    attributes->sharedJpegCount = info.jpegCount;
+    attributes->sharedOfaCount = info.ofaCount;
+    attributes->gpuInstanceSliceCount = gi->profile->compute;
+    attributes->computeInstanceSliceCount = ci->slices;
+    attributes->memorySizeMB = gi->profile->memory_mb;
+    return NVML_SUCCESS;
 }
