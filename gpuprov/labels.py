@@ -36,9 +36,20 @@ are delivered (NodeFeature API by default). Deviations, on purpose:
 - Time-slicing: GFD appends "-SHARED" to the product when replicas > 1 (unless renamed) and
   sets nvidia.com/gpu.replicas / gpu.sharing-strategy. gpuprov sets neither; the product is
   the plain name.
-- Not set (GFD's alone, never touched by gpuprov): MIG labels, nvidia.com/gpu.replicas,
+- MIG (mig_strategy, the device plugin's nvidia_device_plugin_mig_strategy), as GFD's
+  mig-strategy.go and resource.go label it: nothing for "none"; else nvidia.com/mig.strategy,
+  and for "mixed" per MIG profile P ("+" written "."): nvidia.com/mig-P.product
+  ("NVIDIA-H100-80GB-HBM3-MIG-1g.10gb"), .count, .memory (MB), .multiprocessors,
+  .slices.gi, .slices.ci, .engines.copy|decoder|encoder|jpeg|ofa (nvmlDeviceGetAttributes of
+  the MIG device). For "single", where every GPU has MIG on and devices of one profile, the
+  same values under nvidia.com/gpu. (product with the "-MIG-P" suffix, count the MIG devices);
+  any other node gets GFD's invalid set: product "<model>-MIG-INVALID", count 0, memory 0.
+  The .replicas keys GFD adds (0 for MIG-enabled GPUs, 1 for MIG resources) are not set, as
+  for whole GPUs.
+- Not set (GFD's alone, never touched by gpuprov): nvidia.com/gpu.replicas,
   gpu.sharing-strategy, mig.capable, mps.capable, gpu.mode, gpu.machine, the deprecated
-  nvidia.com/cuda.driver.* / cuda.runtime.* keys, gfd.timestamp.
+  nvidia.com/cuda.driver.* / cuda.runtime.* keys, gfd.timestamp. nvidia.com/mig.config and
+  mig.config.state are the MIG stage's (mig-manager's keys).
 - nvidia.com/gpu.present is not GFD's: NFD/the GPU Operator set it. gpuprov sets it so the
   device plugin DaemonSet can select GPU nodes without NFD.
 - Without NVML (no driver yet) GFD labels nothing. gpuprov labels what PCI and its hardware
@@ -80,6 +91,23 @@ GFD_KEYS: tuple[str, ...] = (
     RUNTIME_MAJOR, RUNTIME_MINOR, RUNTIME_FULL,
 )
 
+MIG_STRATEGY = "nvidia.com/mig.strategy"
+MIG_STRATEGIES = ("none", "single", "mixed")
+# A MIG device's attributes as GFD labels them (nvml-mig-device.go GetAttributes), and where
+# the probe has each (gpuprov/probe/nvml.py _mig).
+_MIG_ATTRIBUTES = (
+    ("memory", ("memory_mb",)), ("multiprocessors", ("multiprocessors",)),
+    ("slices.gi", ("gpu_instance_slices",)), ("slices.ci", ("compute_instance_slices",)),
+    ("engines.copy", ("engines", "copy")), ("engines.decoder", ("engines", "decoder")),
+    ("engines.encoder", ("engines", "encoder")), ("engines.jpeg", ("engines", "jpeg")),
+    ("engines.ofa", ("engines", "ofa")),
+)
+# Keys of MIG resources under mixed ("nvidia.com/mig-1g.10gb.count") and the attribute keys
+# single adds to nvidia.com/gpu.
+_MIG_KEY = re.compile(r"^nvidia\.com/mig-\d+g\.[0-9a-z.]+\.(?:product|count|"
+                      + "|".join(re.escape(a) for a, _ in _MIG_ATTRIBUTES) + r")$")
+_SINGLE_KEYS = tuple(f"nvidia.com/gpu.{a}" for a, _ in _MIG_ATTRIBUTES if a != "memory")
+
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 _DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 _KEY_RE = re.compile(rf"^(?:(?P<prefix>{_DNS_SUBDOMAIN})/)?(?P<name>{_NAME})$")
@@ -103,12 +131,20 @@ def validate_series_key(key: Any) -> str:
 
 
 def owned_keys(series_key: str = DEFAULT_SERIES_KEY) -> frozenset[str]:
-    """Every label key gpuprov sets, and may therefore remove when it no longer applies."""
-    return frozenset((validate_series_key(series_key), *GFD_KEYS))
+    """Every fixed label key gpuprov sets, and may therefore remove when it no longer applies;
+    is_owned() also takes the MIG resources' keys, which are named by profile."""
+    return frozenset((validate_series_key(series_key), *GFD_KEYS, MIG_STRATEGY, *_SINGLE_KEYS))
 
 
 def is_owned(key: str, series_key: str = DEFAULT_SERIES_KEY) -> bool:
-    return key in owned_keys(series_key)
+    return key in owned_keys(series_key) or bool(_MIG_KEY.match(key))
+
+
+def validate_mig_strategy(strategy: Any) -> str:
+    if strategy not in MIG_STRATEGIES:
+        raise ValueError(f"the MIG strategy must be one of {', '.join(MIG_STRATEGIES)}, not "
+                         f"{strategy!r} (nvidia_device_plugin_mig_strategy)")
+    return str(strategy)
 
 
 def gfd_family(major: int, minor: int) -> str:
@@ -230,10 +266,69 @@ def _version_labels(nvml: Mapping[str, Any]) -> dict[str, str]:
     return labels
 
 
-def compute_labels(report: Mapping[str, Any],
-                   series_key: str = DEFAULT_SERIES_KEY) -> dict[str, str]:
+def _mig_attribute(device: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = device
+    for part in path:
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def _mig_resources(nvml: Mapping[str, Any]) -> dict[str, tuple[str, Mapping[str, Any], int]]:
+    """profile -> (parent GPU name, first MIG device, count) over the node's MIG devices,
+    as GFD groups them (its name: the profile with "+" written ".")."""
+    found: dict[str, tuple[str, Mapping[str, Any], int]] = {}
+    for gpu in nvml.get("gpus") or []:
+        if not isinstance(gpu, Mapping) or gpu.get("error"):
+            continue
+        for device in (gpu.get("mig") or {}).get("devices") or []:
+            profile = str(device.get("profile") or "").replace("+", ".")
+            if not profile:
+                continue
+            name, first, count = found.get(profile, (str(gpu.get("name")), device, 0))
+            found[profile] = (name, first, count + 1)
+    return found
+
+
+def _mig_resource_labels(prefix: str, name: str, profile: str, device: Mapping[str, Any],
+                         count: int) -> dict[str, str]:
+    labels = {f"{prefix}.product": sanitise_value(f"{name}-MIG-{profile}"),
+              f"{prefix}.count": str(count)}
+    for suffix, path in _MIG_ATTRIBUTES:
+        value = _mig_attribute(device, path)
+        if value is not None:
+            labels[f"{prefix}.{suffix}"] = str(value)
+    return labels
+
+
+def mig_labels(nvml: Mapping[str, Any], strategy: str) -> dict[str, str]:
+    """GFD's MIG labels for the strategy (see the module's docstring); they replace the
+    whole-GPU product, count and memory under "single"."""
+    if strategy == "none":
+        return {}
+    labels = {MIG_STRATEGY: strategy}
+    resources = _mig_resources(nvml)
+    if strategy == "mixed":
+        for profile, (name, device, count) in sorted(resources.items()):
+            labels.update(_mig_resource_labels(f"nvidia.com/mig-{profile}", name, profile,
+                                               device, count))
+        return labels
+    gpus = [g for g in nvml.get("gpus") or [] if isinstance(g, Mapping) and not g.get("error")]
+    enabled = [g for g in gpus if (g.get("mig") or {}).get("current")]
+    if not enabled:
+        return labels  # no MIG: single is none
+    if (any(not (g["mig"].get("devices")) for g in enabled) or len(enabled) != len(gpus)
+            or len(resources) != 1):
+        return {**labels, PRODUCT: sanitise_value(f"{enabled[0].get('name')}-MIG-INVALID"),
+                COUNT: "0", MEMORY: "0"}
+    ((profile, (name, device, count)),) = resources.items()
+    return {**labels, **_mig_resource_labels("nvidia.com/gpu", name, profile, device, count)}
+
+
+def compute_labels(report: Mapping[str, Any], series_key: str = DEFAULT_SERIES_KEY,
+                   mig_strategy: str = "none") -> dict[str, str]:
     """The labels gpuprov puts on the node the probe report describes ({} without GPUs)."""
     validate_series_key(series_key)
+    validate_mig_strategy(mig_strategy)
     nvml = report.get("nvml") or {}
     pci = report.get("pci") or []
     gpus = _nvml_gpus(nvml) if nvml.get("available") else []
@@ -259,6 +354,7 @@ def compute_labels(report: Mapping[str, Any],
             labels[COMPUTE_MINOR] = str(gpu.cc[1])
     if from_nvml:
         labels.update(_version_labels(nvml))
+        labels.update(mig_labels(nvml, mig_strategy))
     return {k: v for k, v in labels.items() if v or k == DRIVER_REVISION}
 
 
@@ -268,7 +364,8 @@ def diff_labels(actual: Mapping[str, Any], expected: Mapping[str, str],
     or changed): {key: {"actual": value | None, "expected": value | None}}. Keys gpuprov
     does not own are never reported."""
     diff = {}
-    for key in sorted(owned_keys(series_key)):
+    keys = owned_keys(series_key) | {k for k in [*actual, *expected] if is_owned(k, series_key)}
+    for key in sorted(keys):
         have, want = actual.get(key), expected.get(key)
         if have != want:
             diff[key] = {"actual": None if have is None else str(have), "expected": want}

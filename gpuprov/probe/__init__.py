@@ -62,7 +62,8 @@ Schema (schema_version 1; keys are always present, values may be null):
                            mig {current, pending (MIG mode), devices [{index, uuid,
                              name, profile "1g.10gb", gpu_instance_id,
                              compute_instance_id, memory_mb, multiprocessors,
-                             gpu_instance_slices, compute_instance_slices}]} | null
+                             gpu_instance_slices, compute_instance_slices, engines
+                             {copy, decoder, encoder, jpeg, ofa}}]} | null
                              (no MIG on this GPU),
                            errors {field: error} ]
     kernel_module   loaded, version (/sys/module/nvidia/version, else

@@ -234,7 +234,8 @@ def _mig(nv: Any, handle: Any, errors: dict) -> dict | None:
         current, pending   MIG mode (True: enabled); pending differs until the GPU is reset
         devices            [{index, uuid, name, profile ("1g.10gb"), gpu_instance_id,
                            compute_instance_id, memory_mb, multiprocessors, gpu_instance_slices,
-                           compute_instance_slices}] in NVML's order (nvmlDeviceGetMigDevice-
+                           compute_instance_slices, engines {copy, decoder, encoder, jpeg,
+                           ofa}}] in NVML's order (nvmlDeviceGetMigDevice-
                            HandleByIndex), as `nvidia-smi -L` lists them under their GPU
     """
     get_mode = getattr(nv, "nvmlDeviceGetMigMode", None)
@@ -276,6 +277,10 @@ def _mig(nv: Any, handle: Any, errors: dict) -> dict | None:
             "multiprocessors": None if attrs is None else attrs.multiprocessorCount,
             "gpu_instance_slices": None if attrs is None else attrs.gpuInstanceSliceCount,
             "compute_instance_slices": None if attrs is None else attrs.computeInstanceSliceCount,
+            "engines": None if attrs is None else {
+                "copy": attrs.sharedCopyEngineCount, "decoder": attrs.sharedDecoderCount,
+                "encoder": attrs.sharedEncoderCount, "jpeg": attrs.sharedJpegCount,
+                "ofa": attrs.sharedOfaCount},
         })
     return mig
 

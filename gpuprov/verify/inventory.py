@@ -32,6 +32,13 @@ SMOKE_IMAGE_VAR = "nvidia_device_plugin_smoke_image"  # nvidia_device_plugin rol
 # which runtime.
 TOOLKIT_MODE_VAR = "nvidia_container_toolkit_mode"
 TOOLKIT_RUNTIME_VAR = "nvidia_container_toolkit_runtime"
+# MIG devices as resources (none, single, mixed): the labels role's setting, which defaults
+# to the device plugin role's.
+MIG_STRATEGY_VARS = ("gpu_node_labels_mig_strategy", "nvidia_device_plugin_mig_strategy")
+# The MIG layout declared for the node (a name in mig-parted's format, gpuprov/mig.py), and
+# the layouts to look it up in (a mig-parted document; default: gpuprov's defaults).
+MIG_CONFIG_VAR = "gpu_mig_config"
+MIG_CONFIGS_VAR = "gpu_mig_configs"
 DEFAULT_SERIES_KEY = "gputype"
 
 _VARS = (
@@ -40,7 +47,8 @@ _VARS = (
     "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_connection",
     "ansible_host_key_checking", "ansible_ssh_host_key_checking", "ansible_become",
     "ansible_become_user", BRANCH_VAR, SOURCE_VAR, KUBECONFIG_VAR, SERIES_KEY_VAR,
-    NODE_NAME_VAR, SMOKE_IMAGE_VAR, TOOLKIT_MODE_VAR, TOOLKIT_RUNTIME_VAR,
+    NODE_NAME_VAR, SMOKE_IMAGE_VAR, TOOLKIT_MODE_VAR, TOOLKIT_RUNTIME_VAR, *MIG_STRATEGY_VARS,
+    MIG_CONFIG_VAR, MIG_CONFIGS_VAR,
 )
 
 
@@ -58,6 +66,9 @@ class Node:
     smoke_image: str | None = None  # the image the role's smoke test uses (verify's default)
     toolkit_mode: str | None = None  # None: auto
     container_runtime: str | None = None  # None: containerd (the toolkit role's default)
+    mig_strategy: str = "none"  # the device plugin role's default
+    mig_config: str | None = None  # None: no MIG layout declared
+    mig_configs: Any = None  # None: gpuprov.mig.default_configs()
 
     @property
     def node_name(self) -> str:
@@ -116,6 +127,9 @@ def node_from_vars(name: str, groups: set[str], hostvars: dict[str, Any],
         "smoke_image": _text(hostvars.get(SMOKE_IMAGE_VAR)),
         "toolkit_mode": _text(hostvars.get(TOOLKIT_MODE_VAR)),
         "container_runtime": _text(hostvars.get(TOOLKIT_RUNTIME_VAR)),
+        "mig_strategy": _text(first(*MIG_STRATEGY_VARS)) or "none",
+        "mig_config": _text(hostvars.get(MIG_CONFIG_VAR)),
+        "mig_configs": hostvars.get(MIG_CONFIGS_VAR),
     }
     if str(hostvars.get("ansible_connection") or "") == "local":
         return Node(name=name, target=None, **common)

@@ -41,12 +41,13 @@ def _mapping(value: Any, filter_name: str, what: str) -> Mapping:
     return value
 
 
-def gpuprov_node_labels(report: Any, series_key: str = "gputype") -> dict[str, str]:
+def gpuprov_node_labels(report: Any, series_key: str = "gputype",
+                        mig_strategy: str = "none") -> dict[str, str]:
     """The labels gpuprov owns for the node a probe report describes (gpuprov.labels)."""
     labels = _labels()
     _mapping(report, "gpuprov_node_labels", "a gpuprov probe report (a dict)")
     try:
-        return labels.compute_labels(report, str(series_key))
+        return labels.compute_labels(report, str(series_key), str(mig_strategy))
     except Exception as exc:  # one line for the admin instead of a traceback
         raise AnsibleFilterError(f"gpuprov_node_labels: {exc}") from exc
 

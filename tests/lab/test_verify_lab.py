@@ -28,7 +28,9 @@ EOL = "driver.branch-eol"
 # A lab node is a container: no kernel image in /boot, so the kernel it boots next is unknown
 # and driver.next-boot skips (the fault next-kernel-no-module gives it one, a real release).
 NEXT_BOOT = "driver.next-boot"
-EVERY_CHECK = set(CHECKS) - {"pods.cuda-compat", EOL, NEXT_BOOT}  # cuda-compat needs --image
+# gpu.mig skips on the GPUs without MIG (K80, P100) and passes on gpu-hopper's H100s.
+MIG = "gpu.mig"
+EVERY_CHECK = set(CHECKS) - {"pods.cuda-compat", EOL, NEXT_BOOT, MIG}  # cuda-compat: --image
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +115,10 @@ def test_healthy_lab_passes_every_check_on_every_gpu_node(verify, core):
         "R580" in eol["gpu-pascal"]["message"]
     ending = driver_lifecycle.eol_note(580, datetime.date.today())
     assert eol["gpu-hopper"]["status"] == ("warn" if ending else "pass"), eol["gpu-hopper"]
+    mig = {r["node"]: r for r in doc["results"] if r["check"] == MIG}
+    assert mig["gpu-hopper"]["status"] == "pass" and mig["gpu-hopper"]["message"] == \
+        "0 of 8 MIG-capable GPU(s) in MIG mode, 0 MIG device(s), no mode change pending"
+    assert mig["gpu-kepler"]["status"] == mig["gpu-pascal"]["status"] == "skip"
     pascal = {r["check"]: r for r in doc["results"] if r["node"] == "gpu-pascal"}
     assert pascal[NEXT_BOOT]["status"] == "skip"
     assert "no kernel image in /boot" in pascal[NEXT_BOOT]["message"]

@@ -75,4 +75,4 @@ def test_mig_devices_are_listed_under_their_gpu(monkeypatch, tmp_path, capsys):
     gpus = json.loads(out)["nodes"][0]["gpus"]
     assert [d["profile"] for d in gpus[0]["mig"]["devices"]] == ["3g.40gb", "1g.10gb"]
     assert gpus[1]["mig"] == {"enabled": False, "pending": True, "devices": []}
-    assert gpus[2]["mig"] is None  # recorded before MIG was probed: no MIG section
+    assert gpus[2]["mig"] == {"enabled": False, "pending": False, "devices": []}

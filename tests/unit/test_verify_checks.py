@@ -4,6 +4,7 @@ mutation (the fault as the probe reports it) gives the expected status and messa
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import json
 from collections.abc import Callable
@@ -53,8 +54,10 @@ def test_healthy_gpu_node_passes_every_node_check(name):
     findings = [f for f in node_findings(results, NODE_CHECKS) if f.node == name]
     # The recorded nodes run Debian 12's 470 and 535, both past NVIDIA's end of life on the
     # unit tests' day (tests/unit/conftest.py): a warning, the only one.
+    # gpu.mig: only the H100s have MIG (off, nothing pending); the others skip.
     assert {f.check: f.status for f in findings} == {
-        **{c.id: PASS for c in NODE_CHECKS}, "driver.branch-eol": WARN}
+        **{c.id: PASS for c in NODE_CHECKS}, "driver.branch-eol": WARN,
+        "gpu.mig": PASS if name == "gpu-hopper" else SKIP}
 
 
 def _driver(version: str) -> Callable[[dict], None]:
@@ -327,3 +330,111 @@ def test_secure_boot(mutate, status, words):
     assert finding.status == status and words in finding.message, finding.message
     if status == FAIL:
         assert "mokutil --import" in finding.remediation
+
+
+# -- gpu.mig ---------------------------------------------------------------------------------
+def _mig(gpus: dict[int, dict]) -> Callable[[dict], None]:
+    """Give the recorded gpu-hopper's GPUs these MIG states (the probe's shape, tested against
+    the simulated NVML in test_simnvml_mig.py)."""
+    def mutate(doc: dict) -> None:
+        for index, state in gpus.items():
+            doc["nvml"]["gpus"][index]["mig"] = state
+    return mutate
+
+
+def _on(*profiles: str, pending: bool = True) -> dict:
+    return {"current": True, "pending": pending, "devices": [
+        {"index": i, "uuid": f"MIG-{i}", "profile": p} for i, p in enumerate(profiles)]}
+
+
+def _declared(config: str | None, configs=None):
+    def build(doc_name: str, mutate) -> NodeFacts:
+        own = facts(doc_name, mutate)
+        return NodeFacts(dataclasses.replace(own.node, mig_config=config, mig_configs=configs),
+                         own.report)
+    return build
+
+
+@pytest.mark.parametrize(("config", "gpus", "status", "words"), [
+    (None, {}, PASS, "0 of 8 MIG-capable GPU(s) in MIG mode, 0 MIG device(s)"),
+    (None, {3: {"current": False, "pending": True, "devices": []}}, FAIL,
+     "GPU 3 (00000000:5D:00.0): MIG mode off, on after a reset (pending): reset the GPU "
+     "(nvidia-smi -r -i 3) or reboot"),
+    ("all-1g.10gb", {i: _on(*["1g.10gb"] * 7) for i in range(8)}, PASS,
+     "layout all-1g.10gb: 8 of 8 MIG-capable GPU(s) in MIG mode, 56 MIG device(s)"),
+    ("all-1g.10gb", {i: _on(*["1g.10gb"] * (6 if i == 5 else 7)) for i in range(8)}, FAIL,
+     "MIG devices {'1g.10gb': 6}, the layout wants {'1g.10gb': 7}"),
+    ("all-1g.10gb", {}, FAIL, "8 of 8 GPU(s) not as declared"),
+    ("all-disabled", {0: _on("3g.40gb")}, FAIL, "MIG mode on, the layout wants it off"),
+    ("all-enabled", {i: _on() for i in range(8)}, PASS, "8 of 8 MIG-capable GPU(s) in MIG mode"),
+    ("all-balanced", {i: _on("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb") for i in range(8)},
+     PASS, "32 MIG device(s)"),
+    ("all-10gb", {}, FAIL, "gpu_mig_config 'all-10gb': no MIG layout 'all-10gb'"),
+])
+def test_mig_layout(config, gpus, status, words):
+    finding = run("gpu.mig", _declared(config)("gpu-hopper", _mig(gpus)))
+    assert finding.status == status and words in finding.message, finding.message
+
+
+def test_mig_layout_from_the_sites_own_configs():
+    configs = {"version": "v1", "mig-configs": {"inference": [
+        {"devices": [0, 1], "mig-enabled": True, "mig-devices": {"1g.10gb": 7}},
+        {"devices": "all", "mig-enabled": False}]}}
+    gpus = {0: _on(*["1g.10gb"] * 7), 1: _on(*["1g.10gb"] * 7)}
+    finding = run("gpu.mig", _declared("inference", configs)("gpu-hopper", _mig(gpus)))
+    assert finding.status == PASS and "14 MIG device(s)" in finding.message, finding.message
+    broken = {"version": "v2", "mig-configs": {}}
+    finding = run("gpu.mig", _declared("inference", broken)("gpu-hopper", _mig(gpus)))
+    assert finding.status == FAIL and "mig-parted's format" in finding.message
+
+
+def test_mig_layout_on_gpus_without_mig():
+    assert run("gpu.mig", facts("gpu-pascal")).status == SKIP
+    # A layout that turns MIG on where no GPU can: nothing applies (mig-parted's filters).
+    assert run("gpu.mig", _declared("all-1g.10gb")("gpu-pascal", None)).status == SKIP
+
+
+# -- k8s.allocatable with MIG: what the device plugin offers per strategy -----------------------
+@pytest.mark.parametrize(("strategy", "gpus", "expected"), [
+    ("none", {0: _on(*["1g.10gb"] * 7)}, {"nvidia.com/gpu": 8}),
+    ("mixed", {}, {"nvidia.com/gpu": 8}),
+    ("mixed", {0: _on(*["1g.10gb"] * 7), 1: _on("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"),
+               2: _on("1g.10gb+me")},
+     {"nvidia.com/gpu": 5, "nvidia.com/mig-1g.10gb": 9, "nvidia.com/mig-2g.20gb": 1,
+      "nvidia.com/mig-3g.40gb": 1, "nvidia.com/mig-1g.10gb.me": 1}),
+    ("single", {i: _on(*["1g.10gb"] * 7) for i in range(8)}, {"nvidia.com/gpu": 56}),
+    ("single", {0: _on(*["1g.10gb"] * 7)}, {"nvidia.com/gpu": 0}),  # MIG on and off: nothing
+])
+def test_expected_resources_per_mig_strategy(strategy, gpus, expected):
+    from gpuprov.verify.checks import k8s
+
+    doc = report("gpu-hopper")
+    _mig(gpus)(doc)
+    assert k8s.expected_resources(doc, strategy) == expected
+
+
+def _allocatable_finding(strategy: str, gpus: dict, allocatable: dict):
+    from gpuprov.verify.facts import ClusterFacts
+
+    doc = report("gpu-hopper")
+    _mig(gpus)(doc)
+    doc["summary"]["nvml_healthy_gpu_count"] = 8
+    node_ = dataclasses.replace(node("gpu-hopper"), mig_strategy=strategy)
+    k8s_node = {"metadata": {"name": "gpu-hopper"},
+                "status": {"allocatable": allocatable, "capacity": allocatable}}
+    return run("k8s.allocatable", ClusterFacts(node_, doc, k8s_node))
+
+
+def test_allocatable_counts_mig_devices_under_mixed():
+    partitioned = {0: _on(*["1g.10gb"] * 7)}
+    finding = _allocatable_finding("mixed", partitioned, {
+        "nvidia.com/gpu": "7", "nvidia.com/mig-1g.10gb": "7", "cpu": "8"})
+    assert finding.status == PASS, finding.message
+    assert "nvidia.com/gpu 7, nvidia.com/mig-1g.10gb 7 (mig strategy mixed)" in finding.message
+    missing = _allocatable_finding("mixed", partitioned, {"nvidia.com/gpu": "8"})
+    assert missing.status == FAIL and "allocatable nvidia.com/gpu 8 != 7; allocatable " \
+        "nvidia.com/mig-1g.10gb 0 != 7 (NVML's MIG devices under mig strategy mixed)" \
+        in missing.message, missing.message
+    stale = _allocatable_finding("mixed", {}, {"nvidia.com/gpu": "8",
+                                               "nvidia.com/mig-1g.10gb": "7"})
+    assert stale.status == FAIL and "nvidia.com/mig-1g.10gb 7 != 0" in stale.message

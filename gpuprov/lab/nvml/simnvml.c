@@ -720,13 +720,19 @@ static struct sim_gpu *gpu_by_uuid(struct sim_state *st, const char *uuid)
     return NULL;
 }
 
-static const struct sim_mig_profile *mig_profile_by_id(const struct sim_gpu *g, unsigned int id)
+/* A profile of the GPU by its ID (what NVML's create and list calls take), or by its
+ * NVML_GPU_INSTANCE_PROFILE_* index (what the info calls take). */
+static const struct sim_mig_profile *mig_profile(const struct sim_gpu *g, int by_index,
+                                                 unsigned int value)
 {
     for (unsigned int i = 0; i < g->nmig_profiles; i++)
-        if (g->mig_profiles[i].id == id)
+        if ((by_index ? g->mig_profiles[i].index : g->mig_profiles[i].id) == value)
             return &g->mig_profiles[i];
     return NULL;
 }
+
+#define mig_profile_by_id(g, id) mig_profile((g), 0, (id))
+#define profile_by_index(g, index) mig_profile((g), 1, (index))
 
 static void read_mig_state(struct sim_state *st)
 {
@@ -1632,27 +1638,50 @@ static nvmlReturn_t require_mig(nvmlDevice_t device)
     return device->nmig_profiles ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
 }
 
-/* Changes: under the state file's lock, from the state as it is now on disk. */
+/* NVML's checks of a call about one profile of a MIG-capable GPU, then the profile. */
+static nvmlReturn_t profile_call(nvmlDevice_t device, const void *out, int by_index,
+                                 unsigned int value, const struct sim_mig_profile **p)
+{
+    nvmlReturn_t rc = require_mig(device);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!out)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *p = mig_profile(device, by_index, value);
+    return *p ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* Changes: under this process's lock and the state file's flock, from the state as it is
+ * now on disk. -1: the state cannot be locked (nothing held then). */
 static int mig_lock(void)
 {
     char path[PATH_MAX];
     int fd;
+    pthread_mutex_lock(&lock);
     snprintf(path, sizeof path, "%s/mig-state.lock", mig_state_dir());
     fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return -1;
-    if (flock(fd, LOCK_EX) != 0) {
+    if (fd >= 0 && flock(fd, LOCK_EX) != 0) {
         close(fd);
+        fd = -1;
+    }
+    if (fd < 0) {
+        pthread_mutex_unlock(&lock);
         return -1;
     }
     read_mig_state(&S);
     return fd;
 }
 
-static nvmlReturn_t mig_unlock(int fd, int write)
+/* Releases both locks, writing the state first where the call changed it; the call's
+ * result, or the write's failure. */
+static nvmlReturn_t mig_unlock(int fd, int changed, nvmlReturn_t rc)
 {
-    nvmlReturn_t rc = write ? write_mig_state(&S) : NVML_SUCCESS;
+    if (changed) {
+        nvmlReturn_t written = write_mig_state(&S);
+        rc = written != NVML_SUCCESS ? written : rc;
+    }
     close(fd);
+    pthread_mutex_unlock(&lock);
     return rc;
 }
 
@@ -1678,18 +1707,12 @@ API nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode,
         return rc;
     if (mode > 1 || !activationStatus)
         return NVML_ERROR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&lock);
     fd = mig_lock();
-    if (fd < 0) {
-        pthread_mutex_unlock(&lock);
+    if (fd < 0)
         return NVML_ERROR_NO_PERMISSION;
-    }
     for (unsigned int id = 1; id <= MAX_GI; id++)
-        if (device->gis[id].used) { /* instances must go first */
-            mig_unlock(fd, 0);
-            pthread_mutex_unlock(&lock);
-            return NVML_ERROR_IN_USE;
-        }
+        if (device->gis[id].used) /* instances must go first */
+            return mig_unlock(fd, 0, NVML_ERROR_IN_USE);
     device->mig_pending = mode;
     if (device->nprocs) {
         *activationStatus = NVML_ERROR_RESET_REQUIRED; /* in use: pending until a reset */
@@ -1697,17 +1720,7 @@ API nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode,
         device->mig_current = mode;
         *activationStatus = NVML_SUCCESS;
     }
-    rc = mig_unlock(fd, 1);
-    pthread_mutex_unlock(&lock);
-    return rc;
-}
-
-static const struct sim_mig_profile *profile_by_index(const struct sim_gpu *g, unsigned int index)
-{
-    for (unsigned int i = 0; i < g->nmig_profiles; i++)
-        if (g->mig_profiles[i].index == index)
-            return &g->mig_profiles[i];
-    return NULL;
+    return mig_unlock(fd, 1, NVML_SUCCESS);
 }
 
 static void fill_gi_profile(const struct sim_gpu *g, const struct sim_mig_profile *p,
@@ -1730,15 +1743,10 @@ static void fill_gi_profile(const struct sim_gpu *g, const struct sim_mig_profil
 API nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
                                                      nvmlGpuInstanceProfileInfo_t *info)
 {
-    nvmlReturn_t rc = require_mig(device);
     const struct sim_mig_profile *p;
+    nvmlReturn_t rc = profile_call(device, info, 1, profile, &p);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!info)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    p = profile_by_index(device, profile);
-    if (!p)
-        return NVML_ERROR_NOT_SUPPORTED;
     fill_gi_profile(device, p, info);
     return NVML_SUCCESS;
 }
@@ -1773,16 +1781,11 @@ API nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(
     nvmlDevice_t device, unsigned int profileId, nvmlGpuInstancePlacement_t *placements,
     unsigned int *count)
 {
-    nvmlReturn_t rc = require_mig(device);
     const struct sim_mig_profile *p;
     unsigned int n = 0;
+    nvmlReturn_t rc = profile_call(device, count, 0, profileId, &p);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    p = mig_profile_by_id(device, profileId);
-    if (!p)
-        return NVML_ERROR_NOT_SUPPORTED;
     for (unsigned int start = 0; start < MIG_MEMORY_SLICES; start++)
         n += (p->starts_mask >> start) & 1;
     if (!placements) {
@@ -1807,16 +1810,11 @@ API nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device,
                                                            unsigned int profileId,
                                                            unsigned int *count)
 {
-    nvmlReturn_t rc = require_mig(device);
     const struct sim_mig_profile *p;
     struct sim_gpu trial;
+    nvmlReturn_t rc = profile_call(device, count, 0, profileId, &p);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    p = mig_profile_by_id(device, profileId);
-    if (!p)
-        return NVML_ERROR_NOT_SUPPORTED;
     if (device->mig_current != 1)
         return NVML_ERROR_NOT_SUPPORTED;
     /* Place it again and again on a copy: aligned placements make this greedy count the
@@ -1854,29 +1852,20 @@ static nvmlReturn_t create_gi(nvmlDevice_t device, unsigned int profileId, int w
         return NVML_ERROR_NOT_SUPPORTED; /* no such profile, or MIG mode is off */
     if (wanted >= 0 && !(p->starts_mask & (1u << wanted)))
         return NVML_ERROR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&lock);
     fd = mig_lock();
-    if (fd < 0) {
-        pthread_mutex_unlock(&lock);
+    if (fd < 0)
         return NVML_ERROR_NO_PERMISSION;
-    }
     while (id <= MAX_GI && device->gis[id].used)
         id++;
     start = id <= MAX_GI ? free_start(device, p, wanted) : -1;
-    if (start < 0) {
-        mig_unlock(fd, 0);
-        pthread_mutex_unlock(&lock);
-        return NVML_ERROR_INSUFFICIENT_RESOURCES;
-    }
+    if (start < 0)
+        return mig_unlock(fd, 0, NVML_ERROR_INSUFFICIENT_RESOURCES);
     memset(&device->gis[id], 0, sizeof device->gis[id]);
     device->gis[id].used = 1;
     device->gis[id].profile = p;
     device->gis[id].start = (unsigned int)start;
-    rc = mig_unlock(fd, 1);
-    if (rc == NVML_SUCCESS)
-        *out = &device->gis[id];
-    pthread_mutex_unlock(&lock);
-    return rc;
+    *out = &device->gis[id];
+    return mig_unlock(fd, 1, NVML_SUCCESS);
 }
 
 API nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int profileId,
@@ -1896,43 +1885,28 @@ API nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(
 
 API nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance)
 {
-    struct sim_gpu *g;
-    nvmlReturn_t rc;
     int fd;
     REQUIRE_INIT();
-    pthread_mutex_lock(&lock);
     fd = mig_lock(); /* re-reads: the instance may be gone already */
-    g = fd >= 0 ? gpu_of_gi(gpuInstance) : NULL;
-    if (!g) {
-        if (fd >= 0)
-            mig_unlock(fd, 0);
-        pthread_mutex_unlock(&lock);
-        return fd >= 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NO_PERMISSION;
-    }
+    if (fd < 0)
+        return NVML_ERROR_NO_PERMISSION;
+    if (!gpu_of_gi(gpuInstance))
+        return mig_unlock(fd, 0, NVML_ERROR_INVALID_ARGUMENT);
     for (unsigned int c = 0; c < MAX_CI; c++)
-        if (gpuInstance->cis[c].used) { /* its compute instances must go first */
-            mig_unlock(fd, 0);
-            pthread_mutex_unlock(&lock);
-            return NVML_ERROR_IN_USE;
-        }
+        if (gpuInstance->cis[c].used) /* its compute instances must go first */
+            return mig_unlock(fd, 0, NVML_ERROR_IN_USE);
     memset(gpuInstance, 0, sizeof *gpuInstance);
-    rc = mig_unlock(fd, 1);
-    pthread_mutex_unlock(&lock);
-    return rc;
+    return mig_unlock(fd, 1, NVML_SUCCESS);
 }
 
 API nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profileId,
                                            nvmlGpuInstance_t *gpuInstances, unsigned int *count)
 {
-    nvmlReturn_t rc = require_mig(device);
     const struct sim_mig_profile *p;
+    nvmlReturn_t rc = profile_call(device, gpuInstances && count ? count : NULL, 0, profileId,
+                                   &p);
     if (rc != NVML_SUCCESS)
         return rc;
-    if (!gpuInstances || !count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    p = mig_profile_by_id(device, profileId);
-    if (!p)
-        return NVML_ERROR_NOT_SUPPORTED;
     *count = 0;
     for (unsigned int id = 1; id <= MAX_GI; id++)
         if (device->gis[id].used && device->gis[id].profile == p)
@@ -2034,65 +2008,48 @@ API nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuInsta
                                                       unsigned int profileId,
                                                       nvmlComputeInstance_t *computeInstance)
 {
-    struct sim_gpu *g;
     unsigned int used = 0, slices, c = 0;
-    nvmlReturn_t rc;
     int fd;
     REQUIRE_INIT();
     if (!computeInstance)
         return NVML_ERROR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&lock);
     fd = mig_lock();
-    g = fd >= 0 ? gpu_of_gi(gpuInstance) : NULL;
-    if (!g || ci_profile_of(gpuInstance, profileId) < 0) {
-        if (fd >= 0)
-            mig_unlock(fd, 0);
-        pthread_mutex_unlock(&lock);
-        return fd < 0 ? NVML_ERROR_NO_PERMISSION
-                      : !g ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
-    }
+    if (fd < 0)
+        return NVML_ERROR_NO_PERMISSION;
+    if (!gpu_of_gi(gpuInstance))
+        return mig_unlock(fd, 0, NVML_ERROR_INVALID_ARGUMENT);
+    if (ci_profile_of(gpuInstance, profileId) < 0)
+        return mig_unlock(fd, 0, NVML_ERROR_NOT_SUPPORTED);
     slices = ci_slices[profileId];
     for (unsigned int i = 0; i < MAX_CI; i++)
         if (gpuInstance->cis[i].used)
             used |= ((1u << gpuInstance->cis[i].slices) - 1) << gpuInstance->cis[i].start;
-    for (unsigned int start = 0; start + slices <= gpuInstance->profile->compute; start += slices)
+    while (c < MAX_CI && gpuInstance->cis[c].used)
+        c++;
+    for (unsigned int start = 0; c < MAX_CI && start + slices <= gpuInstance->profile->compute;
+         start += slices)
         if (!(used & (((1u << slices) - 1) << start))) {
-            while (c < MAX_CI && gpuInstance->cis[c].used)
-                c++;
-            if (c < MAX_CI) {
-                gpuInstance->cis[c].used = 1;
-                gpuInstance->cis[c].profile = profileId;
-                gpuInstance->cis[c].start = start;
-                gpuInstance->cis[c].slices = slices;
-                rc = mig_unlock(fd, 1);
-                if (rc == NVML_SUCCESS)
-                    *computeInstance = &gpuInstance->cis[c];
-                pthread_mutex_unlock(&lock);
-                return rc;
-            }
+            gpuInstance->cis[c].used = 1;
+            gpuInstance->cis[c].profile = profileId;
+            gpuInstance->cis[c].start = start;
+            gpuInstance->cis[c].slices = slices;
+            *computeInstance = &gpuInstance->cis[c];
+            return mig_unlock(fd, 1, NVML_SUCCESS);
         }
-    mig_unlock(fd, 0);
-    pthread_mutex_unlock(&lock);
-    return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    return mig_unlock(fd, 0, NVML_ERROR_INSUFFICIENT_RESOURCES);
 }
 
 API nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance)
 {
-    nvmlReturn_t rc;
     int fd;
     REQUIRE_INIT();
-    pthread_mutex_lock(&lock);
     fd = mig_lock();
-    if (fd < 0 || !gi_of_ci(computeInstance, NULL)) {
-        if (fd >= 0)
-            mig_unlock(fd, 0);
-        pthread_mutex_unlock(&lock);
-        return fd < 0 ? NVML_ERROR_NO_PERMISSION : NVML_ERROR_INVALID_ARGUMENT;
-    }
+    if (fd < 0)
+        return NVML_ERROR_NO_PERMISSION;
+    if (!gi_of_ci(computeInstance, NULL))
+        return mig_unlock(fd, 0, NVML_ERROR_INVALID_ARGUMENT);
     memset(computeInstance, 0, sizeof *computeInstance);
-    rc = mig_unlock(fd, 1);
-    pthread_mutex_unlock(&lock);
-    return rc;
+    return mig_unlock(fd, 1, NVML_SUCCESS);
 }
 
 API nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInstance,

@@ -1,11 +1,13 @@
 """Per-GPU health from NVML and the kernel log: persistence, ECC, memory remapping, XID,
-thermal slowdown, PCIe link. One finding per node; the details name each GPU."""
+thermal slowdown, PCIe link, MIG. One finding per node; the details name each GPU."""
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpuprov import mig
 from gpuprov.verify.checks._util import gpu_label
 from gpuprov.verify.facts import NodeFacts
 from gpuprov.verify.findings import Verdict, check, passed, problem, skipped
@@ -179,3 +181,80 @@ def pcie(facts: NodeFacts) -> Verdict:
         return ", ".join(problems) or None
 
     return _per_gpu(facts, judge, "with a degraded PCIe link", "with full PCIe links")
+
+
+def _pci_device(gpu: Gpu) -> int | None:
+    """NVML's "10de:2330" -> 0x2330."""
+    try:
+        return int(str(gpu.get("pci_device_id")).split(":")[1], 16)
+    except (IndexError, ValueError):
+        return None
+
+
+def _declared(facts: NodeFacts, gpus: list[Gpu]) -> dict[int, mig.GpuLayout] | str:
+    """The declared layout per NVML index, or why it cannot be used."""
+    try:
+        configs = (mig.default_configs() if facts.node.mig_configs is None
+                   else mig.validate(facts.node.mig_configs))
+        layouts = mig.plan(configs, facts.node.mig_config or "",
+                           [(int(g.get("index") or 0), _pci_device(g) or 0) for g in gpus])
+    except mig.ConfigError as exc:
+        return f"gpu_mig_config {facts.node.mig_config!r}: {exc}"
+    return {layout.index: layout for layout in layouts}
+
+
+def _mig_problem(gpu: Gpu, layout: mig.GpuLayout | None) -> str | None:
+    state = gpu.get("mig")
+    if state is None:
+        if layout is not None and layout.mig_enabled:
+            return "has no MIG, the layout wants it on"
+        return None
+    on, pending = state.get("current"), state.get("pending")
+    if on != pending:
+        return (f"MIG mode {'on' if on else 'off'}, {'on' if pending else 'off'} after a reset "
+                f"(pending): reset the GPU (nvidia-smi -r -i {gpu.get('index')}) or reboot")
+    if layout is None or layout.mig_enabled is None:
+        return None
+    if bool(on) != layout.mig_enabled:
+        return (f"MIG mode {'on' if on else 'off'}, the layout wants it "
+                f"{'on' if layout.mig_enabled else 'off'}")
+    have = collections.Counter(d.get("profile") for d in state.get("devices") or [])
+    want = collections.Counter({k: v for k, v in layout.devices.items() if v})
+    if have != want:
+        return (f"MIG devices {dict(sorted(have.items())) or 'none'}, the layout wants "
+                f"{dict(sorted(want.items())) or 'none'}")
+    return None
+
+
+@check(
+    "gpu.mig",
+    phase="node",
+    severity="error",
+    description="each MIG-capable GPU's MIG mode has no change pending, and where a layout is "
+    "declared (gpu_mig_config), its mode and MIG devices are the layout's",
+    remediation="apply the layout again (the gpu_mig stage of site.yml); a pending mode needs a "
+    "GPU reset (nvidia-smi -r) or a reboot with the GPU idle",
+)
+def mig_layout(facts: NodeFacts) -> Verdict:
+    gpus = facts.healthy_gpus
+    if not gpus:
+        return skipped("no GPU answers NVML (see nvml.init, nvml.gpu-count)")
+    capable = [g for g in gpus if g.get("mig") is not None]
+    declared: dict[int, mig.GpuLayout] | str = {}
+    if facts.node.mig_config:
+        declared = _declared(facts, gpus)
+        if isinstance(declared, str):
+            return problem(declared)
+    if not capable and not any(layout.mig_enabled for layout in declared.values()):
+        return skipped("no GPU with MIG on this node")
+    bad = {gpu_label(g): reason for g in gpus
+           if (reason := _mig_problem(g, declared.get(int(g.get("index") or 0)))) is not None}
+    devices = sum(len((g.get("mig") or {}).get("devices") or []) for g in capable)
+    enabled = sum(1 for g in capable if (g.get("mig") or {}).get("current"))
+    if bad:
+        return problem(f"{len(bad)} of {len(gpus)} GPU(s) not as declared: "
+                       + "; ".join(f"{k}: {v}" for k, v in bad.items()), gpus=bad)
+    layout = f"layout {facts.node.mig_config}: " if facts.node.mig_config else ""
+    return passed(f"{layout}{enabled} of {len(capable)} MIG-capable GPU(s) in MIG mode, "
+                  f"{devices} MIG device(s), no mode change pending",
+                  mig_devices=devices, mig_enabled=enabled)

@@ -89,11 +89,37 @@ def gpus_allocated(pods: tuple[Mapping[str, Any], ...]) -> int:
     return total
 
 
+def expected_resources(report: Mapping[str, Any], strategy: str) -> dict[str, int]:
+    """What NVIDIA's device plugin offers for the node's healthy GPUs under its MIG strategy
+    (the strategies as the plugin's README defines them, v0.20.0): none, every GPU as
+    nvidia.com/gpu whatever its MIG mode; single, where every GPU has MIG on, its MIG devices
+    as nvidia.com/gpu; mixed, GPUs with MIG off as nvidia.com/gpu and each MIG profile as
+    nvidia.com/mig-<profile> ("+" written ".")."""
+    gpus = [g for g in (report.get("nvml") or {}).get("gpus") or [] if g.get("error") is None]
+    enabled = [g for g in gpus if (g.get("mig") or {}).get("current")]
+    if strategy == "none" or not enabled:
+        return {GPU_RESOURCE: len(gpus)}
+    devices = [d for g in enabled for d in (g["mig"].get("devices") or [])]
+    if strategy == "single":
+        return {GPU_RESOURCE: len(devices) if len(enabled) == len(gpus) else 0}
+    found = {GPU_RESOURCE: len(gpus) - len(enabled)}
+    for device in devices:
+        name = f"nvidia.com/mig-{str(device.get('profile') or '').replace('+', '.')}"
+        found[name] = found.get(name, 0) + 1
+    return found
+
+
+def _quantity(resources: Mapping[str, Any] | None, name: str) -> int:
+    value = (resources or {}).get(name)
+    return 0 if value is None else int(str(value))
+
+
 @check(
     "k8s.allocatable",
     phase="cluster",
     severity="error",
-    description="the node's allocatable nvidia.com/gpu equals its healthy NVML GPU count",
+    description="the node's allocatable GPU resources are NVML's healthy GPUs, or their MIG "
+    "devices, as the device plugin's MIG strategy offers them",
     remediation="the device plugin did not register the GPUs: kubectl logs its pod on the "
     "node; restart it after fixing the driver or runtime (kubectl delete pod ...)",
 )
@@ -103,7 +129,12 @@ def allocatable(facts: ClusterFacts) -> Verdict:
     if facts.report is None:
         return skipped("no probe report for the node (see host.probe)")
     status = facts.k8s_node.get("status") or {}
-    alloc = _gpu_quantity(status.get("allocatable")) or 0
+    strategy = facts.node.mig_strategy
+    expected = expected_resources(facts.report, strategy)
+    offered = {name: _quantity(status.get("allocatable"), name)
+               for name in sorted({*expected, *(n for n in status.get("allocatable") or {}
+                                                 if n.startswith("nvidia.com/mig-"))})}
+    alloc = offered.get(GPU_RESOURCE, 0)
     capacity = _gpu_quantity(status.get("capacity"))
     healthy = facts.healthy_gpu_count or 0
     gpus = ((facts.report.get("nvml") or {}).get("gpus")) or []
@@ -112,9 +143,21 @@ def allocatable(facts: ClusterFacts) -> Verdict:
     details = {"allocatable": alloc, "capacity": capacity, "nvml_healthy": healthy,
                "allocated_to_pods": allocated, "busy_with_processes": busy}
     usage = f"; {allocated} allocated to pods, {busy} busy with processes (NVML)"
-    if alloc != healthy:
+    mig = {n: v for n, v in expected.items() if n != GPU_RESOURCE}
+    if mig or strategy != "none" and expected[GPU_RESOURCE] != healthy:
+        details.update(mig_strategy=strategy, expected=expected, offered=offered)
+    wrong = {n: (offered.get(n, 0), want) for n, want in
+             {**dict.fromkeys(offered, 0), **expected}.items() if offered.get(n, 0) != want}
+    if set(wrong) == {GPU_RESOURCE} and not mig and expected[GPU_RESOURCE] == healthy:
         return problem(f"allocatable {GPU_RESOURCE} {alloc} != {healthy} healthy in NVML"
                        + usage, **details)
+    if wrong:
+        what = "; ".join(f"allocatable {n} {have} != {want}" for n, (have, want) in wrong.items())
+        return problem(f"{what} (NVML's MIG devices under mig strategy {strategy})" + usage,
+                       **details)
+    if mig or expected[GPU_RESOURCE] != healthy:
+        shown = ", ".join(f"{n} {v}" for n, v in expected.items())
+        return passed(f"allocatable {shown} (mig strategy {strategy})" + usage, **details)
     return passed(f"allocatable {alloc} == NVML healthy {healthy}" + usage, **details)
 
 
@@ -134,7 +177,7 @@ def labels(facts: ClusterFacts) -> Verdict:
         return skipped("no probe report for the node (see host.probe)")
     series_key = facts.node.series_key
     actual = dict((facts.k8s_node.get("metadata") or {}).get("labels") or {})
-    expected = label_module.compute_labels(facts.report, series_key)
+    expected = label_module.compute_labels(facts.report, series_key, facts.node.mig_strategy)
     drift = label_module.diff_labels(actual, expected, series_key)
     if drift:
         shown = (drift if isinstance(drift, Mapping) else {"diff": drift})
