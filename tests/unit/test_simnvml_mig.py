@@ -122,6 +122,19 @@ def test_instances_go_before_the_mode_and_compute_before_gpu_instances(library, 
     assert results == [0, 1, {"error": IN_USE}, {"error": IN_USE}, 0, 0, [0, 0], 0, []]
 
 
+def test_another_process_finds_counts_and_destroys_the_instances(library, node):
+    """The MIG stage, verify and nvidia-smi are separate processes: one that did not create
+    the instances lists them by profile, knows what is left, and can take them down (the lab
+    once found none: instances read at nvmlInit pointed at the parse buffer's profiles)."""
+    one_g = H100.profile("1g.10gb")
+    assert ops(library, node, 4, ("set_mode", 1), *[("create", one_g.nvml_index)] * 3) == \
+        [0, 1, 2, 3]
+    assert ops(library, node, 4, ("capacity", one_g.nvml_index),
+               ("capacity", H100.profile("7g.80gb").nvml_index), ("destroy_gi", 2),
+               ("set_mode", 0)) == [4, 0, {"error": IN_USE}, {"error": IN_USE}]
+    assert ops(library, node, 4, ("destroy_all",), ("set_mode", 0), ("mode",)) == [0, 0, [0, 0]]
+
+
 def test_a_gpu_in_use_keeps_the_mode_change_pending(library, node):
     conf = node / "sim" / "nvml.conf"
     sections = conf.read_text().split("[gpu]")

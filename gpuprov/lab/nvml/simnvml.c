@@ -855,7 +855,6 @@ static nvmlReturn_t load_state(struct sim_state *st)
         if (g->hot)
             g->temperature = g->temp_slowdown + HOT_ABOVE_SLOWDOWN;
     }
-    read_mig_state(st);
     apply_visible_devices(st);
     return NVML_SUCCESS;
 }
@@ -904,6 +903,7 @@ API nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
     rc = load_state(&fresh);
     if (rc == NVML_SUCCESS) {
         S = fresh;
+        read_mig_state(&S); /* its instances' profiles point into S, not the parse buffer */
         refcount++;
     }
     pthread_mutex_unlock(&lock);
@@ -1617,7 +1617,7 @@ static int free_start(const struct sim_gpu *g, const struct sim_mig_profile *p, 
     unsigned int memory, compute, media, count = 0;
     gi_usage(g, &memory, &compute, &media);
     for (unsigned int id = 1; id <= MAX_GI; id++)
-        count += g->gis[id].used && g->gis[id].profile == p;
+        count += g->gis[id].used && g->gis[id].profile->id == p->id;
     if (count >= p->count || compute + p->compute > g->compute_slices ||
         (strstr(p->name, "+me") && media))
         return -1;
@@ -1909,7 +1909,7 @@ API nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int pro
         return rc;
     *count = 0;
     for (unsigned int id = 1; id <= MAX_GI; id++)
-        if (device->gis[id].used && device->gis[id].profile == p)
+        if (device->gis[id].used && device->gis[id].profile->id == p->id)
             gpuInstances[(*count)++] = &device->gis[id];
     return NVML_SUCCESS;
 }
