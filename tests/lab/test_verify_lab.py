@@ -263,8 +263,9 @@ def test_stopped_node_is_exit_3_and_the_others_are_fully_checked(lab, verify,
     for node in ("gpu-pascal", "gpu-hopper"):
         got = {r["check"]: r["status"] for r in doc["results"] if r["node"] == node}
         node_checks = {c for c, spec in CHECKS.items()
-                       if spec.phase in ("node", "cluster") and c not in (EOL, NEXT_BOOT)}
+                       if spec.phase in ("node", "cluster") and c not in (EOL, NEXT_BOOT, MIG)}
         assert {c: got[c] for c in node_checks} == dict.fromkeys(node_checks, "pass"), node
+        assert got[MIG] == ("pass" if node == "gpu-hopper" else "skip"), node
 
 
 @pytest.mark.parametrize(("argv", "words"), [
