@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -171,17 +172,27 @@ def device_plugin(values_file: Path | str | None = None, root: Path | None = Non
     return render(DEVICE_PLUGIN_TEMPLATE, load_values(values_file, root), root)
 
 
+# The resources of NVIDIA's device plugin a smoke workload may request: whole GPUs, or one MIG
+# profile's devices under the plugin's mixed strategy ("nvidia.com/mig-1g.10gb").
+SMOKE_RESOURCE = re.compile(r"^nvidia\.com/(gpu|mig-[0-9]+g\.[0-9a-z.]+)$")
+
+
 def _smoke_values(name: str, namespace: str, gpus: int, node: str | None,
                   values: Mapping[str, Any] | None, deadline_seconds: int,
                   ttl_seconds: int, command: tuple[str, ...] | list[str],
-                  visible_devices: str | None = None) -> dict[str, Any]:
+                  visible_devices: str | None = None,
+                  resource: str = "nvidia.com/gpu") -> dict[str, Any]:
     least = 0 if visible_devices is not None else 1
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < least:
         raise GpuprovError(f"a smoke workload requests at least {least} GPU(s), got {gpus!r}")
+    if not SMOKE_RESOURCE.match(str(resource)):
+        raise GpuprovError(f"a smoke workload requests nvidia.com/gpu or nvidia.com/mig-<profile>,"
+                           f" not {resource!r}")
     base = values if values is not None else load_values()
     return {
         "gpuprov_smoke_name": name, "gpuprov_smoke_namespace": namespace,
         "gpuprov_smoke_gpus": gpus, "gpuprov_smoke_node": node,
+        "gpuprov_smoke_resource": resource,
         "gpuprov_smoke_image": base["nvidia_device_plugin_smoke_image"],
         "gpuprov_smoke_runtime_class": base["nvidia_device_plugin_runtime_class_name"],
         "gpuprov_smoke_command": list(command),
@@ -194,23 +205,27 @@ def _smoke_values(name: str, namespace: str, gpus: int, node: str | None,
 def smoke_pod(name: str, namespace: str, gpus: int = 1, node: str | None = None,
               values: Mapping[str, Any] | None = None,
               command: tuple[str, ...] | list[str] = SMOKE_COMMAND,
-              visible_devices: str | None = None) -> dict:
-    """A Pod that requests `gpus` nvidia.com/gpu (on `node`, if given) and runs nvidia-smi -L.
+              visible_devices: str | None = None, resource: str = "nvidia.com/gpu") -> dict:
+    """A Pod that requests `gpus` of `resource` (nvidia.com/gpu, or a MIG profile's
+    nvidia.com/mig-<profile>) on `node`, if given, and runs nvidia-smi -L.
 
     `visible_devices`: the pod also sets NVIDIA_VISIBLE_DEVICES to it, as a CUDA image does;
     with it, `gpus` may be 0 (the pod asks the runtime, not the scheduler)."""
     (pod,) = render(SMOKE_POD_TEMPLATE, _smoke_values(name, namespace, gpus, node, values, 0, 0,
-                                                      command, visible_devices))
+                                                      command, visible_devices, resource))
     return pod
 
 
 def smoke_job(name: str, namespace: str, gpus: int = 1, node: str | None = None,
               values: Mapping[str, Any] | None = None, deadline_seconds: int = 300,
               ttl_seconds: int = 600,
-              command: tuple[str, ...] | list[str] = SMOKE_COMMAND) -> dict:
-    """A batch/v1 Job (no retries) whose pod requests `gpus` GPUs and runs nvidia-smi -L."""
+              command: tuple[str, ...] | list[str] = SMOKE_COMMAND,
+              resource: str = "nvidia.com/gpu") -> dict:
+    """A batch/v1 Job (no retries) whose pod requests `gpus` of `resource` and runs
+    nvidia-smi -L."""
     (job,) = render(SMOKE_JOB_TEMPLATE, _smoke_values(name, namespace, gpus, node, values,
-                                                      deadline_seconds, ttl_seconds, command))
+                                                      deadline_seconds, ttl_seconds, command,
+                                                      resource=resource))
     return job
 
 

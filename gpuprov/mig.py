@@ -102,9 +102,14 @@ def model_of(pci_device_id: int) -> MigModel | None:
     return _BY_DEVICE.get(pci_device_id)
 
 
-def fits(model: MigModel, layout: Mapping[str, int]) -> str | None:
-    """None when the instances of layout can all be placed on one GPU of the model, else why
-    not (unknown profile, over a profile's count, no placement)."""
+def placements(model: MigModel, layout: Mapping[str, int]) -> list[tuple[Profile, int]] | str:
+    """Where each instance of layout goes on one GPU of the model: (profile, start memory
+    slice) in creation order, largest first; or why it cannot be placed (unknown profile,
+    over a profile's count, too many compute slices or +me instances, overlapping placements).
+
+    The MIG stage creates the instances at these starts (nvmlDeviceCreateGpuInstanceWithPlacement):
+    the driver's own choice without a start is the highest free one, which can leave no room for
+    a later, larger instance (1g then 4g fails on H100 that way; 4g then 1g does not)."""
     instances: list[Profile] = []
     for name, count in layout.items():
         profile = model.profile(name)
@@ -122,8 +127,9 @@ def fits(model: MigModel, layout: Mapping[str, int]) -> str | None:
     if sum(1 for p in instances if p.name.endswith("+me")) > 1:
         return f"{model.name} has one set of media engines: at most one +me instance"
     # Largest first, then backtracking over each profile's allowed start slices.
-    instances.sort(key=lambda p: -p.size)
+    instances.sort(key=lambda p: (-p.size, -p.compute, p.name))
     used = [False] * model.memory_slices
+    chosen: list[tuple[Profile, int]] = []
 
     def place(i: int) -> bool:
         if i == len(instances):
@@ -134,15 +140,24 @@ def fits(model: MigModel, layout: Mapping[str, int]) -> str | None:
             if span.stop <= len(used) and not any(used[s] for s in span):
                 for s in span:
                     used[s] = True
+                chosen.append((profile, start))
                 if place(i + 1):
                     return True
+                chosen.pop()
                 for s in span:
                     used[s] = False
         return False
 
     if not place(0):
         return f"{model.name} cannot place {dict(layout)}: its placements overlap"
-    return None
+    return chosen
+
+
+def fits(model: MigModel, layout: Mapping[str, int]) -> str | None:
+    """None when the instances of layout can all be placed on one GPU of the model, else why
+    not."""
+    found = placements(model, layout)
+    return found if isinstance(found, str) else None
 
 
 def default_configs() -> dict[str, list[dict[str, Any]]]:
@@ -249,3 +264,58 @@ def plan(configs: Mapping[str, list[Mapping[str, Any]]], name: str,
         result.append(GpuLayout(index, model.name, entry["mig-enabled"], devices,
                                 f"GPU {index}: {problem}" if problem else None))
     return result
+
+
+def difference(state: Mapping[str, Any] | None, layout: GpuLayout | None,
+               index: int | None = None) -> str | None:
+    """Why a GPU's MIG state (the probe's `mig` section: current, pending, devices with their
+    profile; None where the GPU has no MIG) is not its layout, in words; None when it is, or
+    when no layout applies to it. A pending mode change is always a difference. Verify's
+    gpu.mig reports it; the MIG stage changes the GPUs that have one."""
+    if state is None:
+        if layout is not None and layout.mig_enabled:
+            return "has no MIG, the layout wants it on"
+        return None
+    on, pending = bool(state.get("current")), bool(state.get("pending"))
+    if on != pending:
+        return (f"MIG mode {'on' if on else 'off'}, {'on' if pending else 'off'} after a reset "
+                f"(pending): reset the GPU (nvidia-smi -r -i {index}) or reboot")
+    if layout is None or layout.mig_enabled is None:
+        return None
+    if on != layout.mig_enabled:
+        return (f"MIG mode {'on' if on else 'off'}, the layout wants it "
+                f"{'on' if layout.mig_enabled else 'off'}")
+    have: dict[str, int] = {}
+    for device in state.get("devices") or []:
+        have[str(device.get("profile"))] = have.get(str(device.get("profile")), 0) + 1
+    want = {k: v for k, v in layout.devices.items() if v}
+    if have != want:
+        return (f"MIG devices {dict(sorted(have.items())) or 'none'}, the layout wants "
+                f"{dict(sorted(want.items())) or 'none'}")
+    return None
+
+
+_BY_NAME = {model.name: model for model in MODELS}
+
+
+def node_plan(layouts: Iterable[GpuLayout]) -> dict[str, Any]:
+    """What gpuprov/mig_apply.py does on the node: per GPU that a layout entry takes, its mode
+    and its instances in creation order with their placements (placements()). GPUs without
+    MIG, or that no entry takes, are left out: they are left alone. ConfigError when a GPU's
+    layout cannot be placed."""
+    gpus = []
+    for layout in layouts:
+        if layout.model is None or layout.mig_enabled is None:
+            continue
+        if layout.problem:
+            raise ConfigError(layout.problem)
+        instances = []
+        if layout.mig_enabled:
+            placed = placements(_BY_NAME[layout.model], layout.devices)
+            if isinstance(placed, str):  # plan() checked it: fits() is placements()
+                raise ConfigError(f"GPU {layout.index}: {placed}")
+            instances = [{"profile": p.name, "nvml_index": p.nvml_index, "start": start,
+                          "size": p.size} for p, start in placed]
+        gpus.append({"index": layout.index, "mig_enabled": layout.mig_enabled,
+                     "instances": instances})
+    return {"gpus": gpus}

@@ -42,8 +42,8 @@ PAYLOAD_PREFIX = "<gpuprov-payload>/"  # file names of the shipped modules on th
 # Runs on the node. Kept to syntax Python 3.0+ can parse, so that an old python3
 # gets the version message rather than a SyntaxError.
 _BOOTSTRAP = """\
-# gpuprov probe payload (built by gpuprov/payload.py): runs the probe from the
-# modules packed below and prints its JSON report; writes nothing on this machine.
+# gpuprov node payload (built by gpuprov/payload.py): runs {entry} from the
+# modules packed below; writes no files of its own on this machine.
 import sys
 if sys.version_info < {min_python!r}:
     sys.stderr.write("gpuprov probe needs python3 >= {min_text}, this node has %s\\n"
@@ -98,7 +98,7 @@ class PayloadImporter:
 
 PAYLOAD = marshal.loads(zlib.decompress(binascii.a2b_base64(PAYLOAD)))
 sys.meta_path.insert(0, PayloadImporter(PAYLOAD))
-from gpuprov.probe.__main__ import main
+from {entry} import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -125,8 +125,13 @@ class ProbeUnreachable(ProbeError):
         super().__init__(message, host=host, code=ExitCode.UNREACHABLE)
 
 
-def payload_files() -> dict[str, Path]:
-    """Archive name -> source file: everything the probe imports besides the stdlib."""
+# The programs a payload can run on a node: the probe (reads only), and the MIG stage's
+# applier (gpuprov/mig_apply.py, which changes the GPUs' MIG layout; the gpu_mig role's).
+ENTRIES = {"probe": "gpuprov.probe.__main__", "mig-apply": "gpuprov.mig_apply"}
+
+
+def payload_files(entry: str = "probe") -> dict[str, Path]:
+    """Archive name -> source file: everything the entry imports besides the stdlib."""
     import pynvml
 
     package = Path(gpuprov.__file__).parent
@@ -135,6 +140,9 @@ def payload_files() -> dict[str, Path]:
         "gpuprov/hardware.py": package / "hardware.py",
         "pynvml.py": Path(pynvml.__file__),
     }
+    if entry == "mig-apply":
+        files["gpuprov/mig_apply.py"] = package / "mig_apply.py"
+        return files
     for path in sorted((package / "probe").glob("*.py")):
         files[f"gpuprov/probe/{path.name}"] = path
     return files
@@ -149,14 +157,20 @@ def payload_files() -> dict[str, Path]:
 MARSHAL_VERSION = 2
 
 
-@functools.lru_cache(maxsize=1)
 def probe_script() -> bytes:
-    """The script to feed to PROBE_COMMAND's stdin; built once per process.
+    """The probe's script to feed to PROBE_COMMAND's stdin; built once per process."""
+    return node_script("probe")
+
+
+@functools.lru_cache(maxsize=len(ENTRIES))
+def node_script(entry: str) -> bytes:
+    """The script that runs ENTRIES[entry] on a node from PROBE_COMMAND's stdin (its arguments
+    after the "-"); built once per process per entry.
 
     Reproducible for the same sources and Python (marshal orders the constants of a
     frozenset by hash, so the bytecode part may differ between PYTHONHASHSEEDs).
     """
-    sources = {name: path.read_bytes() for name, path in payload_files().items()}
+    sources = {name: path.read_bytes() for name, path in payload_files(entry).items()}
     # The file name is what tracebacks show; dont_inherit: not this module's __future__
     # flags; optimize=0: asserts stay even when the controller runs python -O.
     code = {name: marshal.dumps(compile(source, PAYLOAD_PREFIX + name, "exec",
@@ -169,7 +183,7 @@ def probe_script() -> bytes:
     # zlib's default level: level 9 saves 1 % of the size for 3x the time.
     encoded = base64.b64encode(zlib.compress(packed)).decode("ascii")
     bootstrap = _BOOTSTRAP.format(min_python=MIN_PYTHON, min_text=".".join(map(str, MIN_PYTHON)),
-                                  prefix=PAYLOAD_PREFIX)
+                                  prefix=PAYLOAD_PREFIX, entry=ENTRIES[entry])
     return f'PAYLOAD = b"{encoded}"\n{bootstrap}'.encode("ascii")
 
 

@@ -14,7 +14,8 @@ plugins/filter/gpuprov_kube.py:
                        then): its pods of the current template carry it in the label
                        pod-template-generation
     without_pod        GPU nodes without a Running plugin pod of the current template
-    allocatable_gpus   each GPU node's allocatable nvidia.com/gpu ("0" when none)
+    allocatable_gpus   each GPU node's allocatable GPU devices: nvidia.com/gpu plus the MIG
+                       devices of the mixed strategy, nvidia.com/mig-<profile> ("0" when none)
     without_gpus       GPU nodes that advertise none
 """
 
@@ -24,6 +25,7 @@ import json
 from collections.abc import Iterable, Mapping
 
 GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 
 
 def _meta(obj: Mapping) -> Mapping:
@@ -70,14 +72,17 @@ def applied_daemonset(applied: Mapping) -> dict:
 
 
 def allocatable_gpus(names: Iterable[str], nodes: Iterable[Mapping]) -> dict[str, str]:
-    """Each named node's allocatable nvidia.com/gpu in a LIST of Node objects, "0" when the
-    node has none or is not in the list."""
+    """Each named node's allocatable GPU devices in a LIST of Node objects (nvidia.com/gpu and,
+    under the plugin's mixed MIG strategy, nvidia.com/mig-<profile>: a node whose GPUs are all
+    partitioned offers no nvidia.com/gpu), "0" when the node has none or is not in the list."""
     allocatable = {}
     for node in nodes:
         if isinstance(node, Mapping):
-            status = node.get("status") or {}
-            allocatable[_meta(node).get("name")] = str(
-                (status.get("allocatable") or {}).get(GPU_RESOURCE, "0"))
+            resources = (node.get("status") or {}).get("allocatable") or {}
+            allocatable[_meta(node).get("name")] = str(sum(
+                int(str(value)) for key, value in resources.items()
+                if (key == GPU_RESOURCE or str(key).startswith(MIG_RESOURCE_PREFIX))
+                and str(value).isdigit()))
     return {name: allocatable.get(name, "0") for name in names}
 
 

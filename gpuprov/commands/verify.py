@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from pathlib import Path
 
 from gpuprov.errors import GpuprovError
 from gpuprov.output import print_json
@@ -43,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="default: the inventory's k8s_kubeconfig, $KUBECONFIG, "
                         "~/.kube/config")
     parser.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    parser.add_argument("-e", "--extra-vars", metavar="VARS", action="append", default=[],
+                        help="settings over the inventory's, for every host, as "
+                        "ansible-playbook takes them: KEY=VALUE ..., a YAML/JSON mapping, or "
+                        "@FILE (e.g. -e nvidia_device_plugin_mig_strategy=mixed)")
+    parser.add_argument("--host-vars", metavar="JSON",
+                        help="settings per host, {host: {var: value}} as JSON or @FILE "
+                        "(what the gpu_verify role passes from Ansible's hostvars)")
     selection = parser.add_mutually_exclusive_group()
     # default None, not (): an empty --checks "$VAR" must not mean "every check".
     selection.add_argument("--checks", metavar="IDS", type=_ids, default=None,
@@ -67,6 +75,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def _vars_argument(flag: str, text: str) -> dict:
+    """-e's forms, as ansible-playbook's: @FILE (YAML or JSON), a YAML/JSON mapping, or
+    KEY=VALUE pairs split like a shell line (values stay strings)."""
+    import shlex
+
+    import yaml
+
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as exc:
+            raise GpuprovError(f"{flag} {text}: cannot read it: {exc.strerror}") from None
+    elif not text.lstrip().startswith(("{", "[")):
+        try:
+            pairs = shlex.split(text)
+        except ValueError as exc:
+            raise GpuprovError(f"{flag} {text!r}: {exc}") from None
+        if all("=" in pair for pair in pairs) and pairs:
+            return dict(pair.split("=", 1) for pair in pairs)
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise GpuprovError(f"{flag}: not YAML or JSON ({str(exc).splitlines()[0]}); give "
+                           f"KEY=VALUE, a mapping, or @FILE") from None
+    if not isinstance(value, dict):
+        raise GpuprovError(f"{flag} must be KEY=VALUE pairs, a mapping, or @FILE with one")
+    return value
+
+
 def _progress(done: int, total: int, name: str) -> None:
     end = "\n" if done == total else ""
     sys.stderr.write(f"\r\033[Kprobed {done}/{total}: {name}{end}")
@@ -84,7 +121,11 @@ def run(args: argparse.Namespace) -> int:
         if ids == ():
             raise GpuprovError(f"{flag} is empty; give check ids or families, "
                                "comma-separated (e.g. nvml,gpu.ecc)")
-    nodes = inventory.load(resolve_inventory(args.inventory), args.limit)
+    extra: dict = {}
+    for text in args.extra_vars:
+        extra.update(_vars_argument("-e", text))
+    host_vars = _vars_argument("--host-vars", args.host_vars) if args.host_vars else None
+    nodes = inventory.load(resolve_inventory(args.inventory), args.limit, host_vars, extra)
     options = runner.Options(only=args.checks or (), skip=args.skip or (), timeout=args.timeout,
                              concurrency=args.concurrency, kubeconfig=args.kubeconfig,
                              context=args.context, pods=not args.no_pods, image=args.image)

@@ -60,4 +60,7 @@ class PodFacts:
     @property
     def nvml_uuids(self) -> set[str]:
         gpus = ((self.report or {}).get("nvml") or {}).get("gpus") or []
-        return {g["uuid"] for g in gpus if g.get("uuid")}
+        # With their MIG devices: a smoke pod on MIG devices sees those.
+        mig = {d["uuid"] for g in gpus for d in (g.get("mig") or {}).get("devices") or []
+               if d.get("uuid")}
+        return {g["uuid"] for g in gpus if g.get("uuid")} | mig

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import getpass
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,12 @@ MIG_STRATEGY_VARS = ("gpu_node_labels_mig_strategy", "nvidia_device_plugin_mig_s
 MIG_CONFIG_VAR = "gpu_mig_config"
 MIG_CONFIGS_VAR = "gpu_mig_configs"
 DEFAULT_SERIES_KEY = "gputype"
+
+# The settings among them (not how to connect): what --host-vars and -e may set.
+SETTING_VARS = (
+    BRANCH_VAR, SOURCE_VAR, KUBECONFIG_VAR, SERIES_KEY_VAR, NODE_NAME_VAR, SMOKE_IMAGE_VAR,
+    TOOLKIT_MODE_VAR, TOOLKIT_RUNTIME_VAR, *MIG_STRATEGY_VARS, MIG_CONFIG_VAR, MIG_CONFIGS_VAR,
+)
 
 _VARS = (
     "ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port", "ansible_user",
@@ -187,8 +193,14 @@ def _collect_parse_failures(failures: list[str]) -> Iterator[None]:
         display.error_as_warning, display.warning = saved
 
 
-def load(path: str, limit: str | None = None) -> list[Node]:
+def load(path: str, limit: str | None = None,
+         host_vars: Mapping[str, Mapping[str, Any]] | None = None,
+         extra_vars: Mapping[str, Any] | None = None) -> list[Node]:
     """The hosts of gpu_nodes and k8s_cluster (after --limit), in inventory order.
+
+    host_vars ({host: {var: value}}, values as Ansible resolved them: what the gpu_verify role
+    passes, so that a playbook's -e reaches verify) and then extra_vars (-e, for every host)
+    take the place of the inventory's values of SETTING_VARS, as extra vars win in Ansible.
 
     Raises GpuprovError (exit 2, one line) for a missing or unparsable inventory, one
     without those groups, and a --limit that matches none of their hosts.
@@ -245,6 +257,8 @@ def load(path: str, limit: str | None = None) -> list[Node]:
             except Exception as exc:  # Ansible's templating errors have many types
                 raise GpuprovError(f"inventory host {host.name}: cannot resolve {key}: "
                                    f"{str(exc).splitlines()[0]}") from exc
+        for given in ((host_vars or {}).get(host.name) or {}, extra_vars or {}):
+            resolved.update({k: v for k, v in given.items() if k in SETTING_VARS})
         group_names = {g.name for g in host.get_groups()}
         nodes.append(node_from_vars(host.name, group_names, resolved,
                                     bool(constants.HOST_KEY_CHECKING)))

@@ -45,8 +45,11 @@ WATCH_S = 2
 POLL_S = 0.2
 NAMESPACE_GONE_S = 60
 REQUEST_TIMEOUT = (5.0, 30.0)
-# `nvidia-smi -L`: "GPU 0: Tesla P100-PCIE-16GB (UUID: GPU-5d0c...)".
+# `nvidia-smi -L`: "GPU 0: Tesla P100-PCIE-16GB (UUID: GPU-5d0c...)", and under a GPU its MIG
+# devices the container was given: "  MIG 1g.10gb     Device  0: (UUID: MIG-...)" (NVIDIA's MIG
+# user guide, "Device Enumeration").
 _GPU_LINE = re.compile(r"^GPU \d+: .*\(UUID: (?P<uuid>[^)\s]+)\)", re.MULTILINE)
+_MIG_LINE = re.compile(r"^\s+MIG .*Device\s+\d+: \(UUID: (?P<uuid>MIG-[^)\s]+)\)", re.MULTILINE)
 # The isolation pods print their GPU, then stay Running until the verifier deletes them.
 HOLD_COMMAND = ("sh", "-c", "nvidia-smi -L && exec sleep 600")
 # The no-request pod lists what GPUs it can use and always ends well: seeing none is its pass
@@ -54,8 +57,15 @@ HOLD_COMMAND = ("sh", "-c", "nvidia-smi -L && exec sleep 600")
 NO_REQUEST_COMMAND = ("sh", "-c", "nvidia-smi -L 2>/dev/null; exit 0")
 
 
+def _noun(resource: str, gpus: str = "GPUs") -> str:
+    return gpus if resource == GPU_RESOURCE else resource
+
+
 def gpu_uuids(log_text: str) -> list[str]:
-    return [m.group("uuid") for m in _GPU_LINE.finditer(log_text or "")]
+    """The devices a container saw: its MIG devices where it has any (two containers may get
+    MIG devices of one GPU, which each then lists), else its GPUs."""
+    mig = [m.group("uuid") for m in _MIG_LINE.finditer(log_text or "")]
+    return mig or [m.group("uuid") for m in _GPU_LINE.finditer(log_text or "")]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,18 +81,22 @@ class SmokeRun:
     """What one smoke workload did on one node."""
 
     kind: str  # gpu-count | isolation | batch-job
-    requested: int  # GPUs per pod
+    requested: int  # devices of `resource` per pod
     pods: tuple[PodRecord, ...] = ()
     completed: bool | None = None  # batch-job: the Job's Complete condition
     skipped: str | None = None  # why it did not run
     error: str | None = None  # the API refused or the run broke
+    resource: str = GPU_RESOURCE
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
     node: str
-    allocatable: int  # nvidia.com/gpu the node offers
+    allocatable: int  # of `resource` the node offers
     allocated: int  # held by pods running there before verify started
+    # nvidia.com/gpu, or on a node whose GPUs are all partitioned (the plugin's mixed
+    # strategy) the MIG profile it offers most of: the smoke pods then run on MIG devices.
+    resource: str = GPU_RESOURCE
 
 
 class Interrupted(Exception):
@@ -215,7 +229,8 @@ class NodeRunner:
                     visible_devices: str | None = None) -> None:
         pod = manifests.smoke_pod(name, self.ns, gpus=gpus, node=self.target.node,
                                   values=self.values, command=list(command),
-                                  visible_devices=visible_devices)
+                                  visible_devices=visible_devices,
+                                  resource=self.target.resource if gpus else GPU_RESOURCE)
         self.api.core.create_namespaced_pod(self.ns, self._labelled(pod, kind),
                                             _request_timeout=REQUEST_TIMEOUT)
 
@@ -223,8 +238,9 @@ class NodeRunner:
         n = self.target.allocatable
         if self.target.allocated:
             return SmokeRun("gpu-count", n, skipped=(
-                f"{self.target.allocated} of {n} GPUs are in use by pods: a pod asking for "
-                "all of them would wait; run verify on an idle node"))
+                f"{self.target.allocated} of {n} {_noun(self.target.resource)} are in use by "
+                "pods: a pod asking for all of them would wait; run verify on an idle node"),
+                resource=self.target.resource)
         return self._one_pod("gpu-count", f"{self.prefix}-all", n, manifests.SMOKE_COMMAND)
 
     def _one_pod(self, kind: str, name: str, gpus: int, command: Sequence[str],
@@ -234,15 +250,19 @@ class NodeRunner:
         pods = self._wait(kind, 1, lambda ps: all(
             _pod_state(p)[0] in ("Succeeded", "Failed") for p in ps))
         timed_out = not pods or _pod_state(pods[0])[0] not in ("Succeeded", "Failed")
-        return SmokeRun(kind, gpus, self._records(pods, timed_out))
+        return SmokeRun(kind, gpus, self._records(pods, timed_out),
+                        resource=self.target.resource if gpus else GPU_RESOURCE)
 
     def isolation(self) -> SmokeRun:
         free = self.target.allocatable - self.target.allocated
         count = min(free, MAX_ISOLATION_PODS)
+        resource = self.target.resource
         if self.target.allocatable < 2:
-            return SmokeRun("isolation", 1, skipped="fewer than 2 GPUs: nothing to isolate")
+            return SmokeRun("isolation", 1, skipped=f"fewer than 2 {_noun(resource)}: nothing to "
+                            "isolate", resource=resource)
         if count < 2:
-            return SmokeRun("isolation", 1, skipped=f"only {free} free GPU(s): need 2")
+            return SmokeRun("isolation", 1, resource=resource,
+                            skipped=f"only {free} free {_noun(resource, 'GPU(s)')}: need 2")
         # Created at once, not one request after the other: they are to run together anyway.
         with concurrent.futures.ThreadPoolExecutor(max_workers=count,
                                                    thread_name_prefix="smoke-create") as pool:
@@ -279,15 +299,17 @@ class NodeRunner:
             self.ns, label_selector=self._selector("isolation"), grace_period_seconds=0,
             _request_timeout=REQUEST_TIMEOUT)
         self._wait("isolation", 0, lambda ps: not ps)
-        return SmokeRun("isolation", 1, records)
+        return SmokeRun("isolation", 1, records, resource=resource)
 
     def batch_job(self) -> SmokeRun:
         if self.target.allocatable - self.target.allocated < 1:
-            return SmokeRun("batch-job", 1, skipped="no free GPU for the Job")
+            return SmokeRun("batch-job", 1, resource=self.target.resource,
+                            skipped=f"no free {_noun(self.target.resource, 'GPU')} for the Job")
         name = f"{self.prefix}-job"
         job = manifests.smoke_job(name, self.ns, gpus=1, node=self.target.node,
                                   values=self.values,
-                                  deadline_seconds=max(int(self.timeout), 1))
+                                  deadline_seconds=max(int(self.timeout), 1),
+                                  resource=self.target.resource)
         self.api.batch.create_namespaced_job(self.ns, self._labelled(job, "batch-job"),
                                              _request_timeout=REQUEST_TIMEOUT)
 
@@ -306,7 +328,7 @@ class NodeRunner:
         completed = finished(jobs)
         pods = self.api.pods(self.ns, f"job-name={name}")
         return SmokeRun("batch-job", 1, self._records(pods, completed is None),
-                        completed=completed)
+                        completed=completed, resource=self.target.resource)
 
     def no_request(self) -> SmokeRun:
         return self._one_pod("no-request", f"{self.prefix}-no-request", 0, NO_REQUEST_COMMAND,

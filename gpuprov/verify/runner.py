@@ -114,20 +114,31 @@ def cluster_findings(results: Sequence[nodes.ProbeResult], view: cluster.Cluster
     return findings
 
 
-def _allocatable(k8s_node: dict | None) -> int:
-    value = ((k8s_node or {}).get("status") or {}).get("allocatable", {}).get(pods.GPU_RESOURCE)
+def _allocatable(k8s_node: dict | None, resource: str = pods.GPU_RESOURCE) -> int:
+    value = ((k8s_node or {}).get("status") or {}).get("allocatable", {}).get(resource)
     try:
         return int(value or 0)
     except ValueError:
         return 0
 
 
-def _requested(pod: dict) -> int:
+def smoke_resource(k8s_node: dict | None) -> str | None:
+    """What the smoke pods request on a node: nvidia.com/gpu where it offers any, else the MIG
+    profile it offers most of (mixed strategy, every GPU partitioned), else None."""
+    if _allocatable(k8s_node) > 0:
+        return pods.GPU_RESOURCE
+    offered = ((k8s_node or {}).get("status") or {}).get("allocatable") or {}
+    mig = sorted((-_allocatable(k8s_node, name), name) for name in offered
+                 if name.startswith("nvidia.com/mig-") and _allocatable(k8s_node, name) > 0)
+    return mig[0][1] if mig else None
+
+
+def _requested(pod: dict, resource: str = pods.GPU_RESOURCE) -> int:
     total = 0
     for container in (pod.get("spec") or {}).get("containers") or []:
         limits = (container.get("resources") or {}).get("limits") or {}
         requests = (container.get("resources") or {}).get("requests") or {}
-        total += int(limits.get(pods.GPU_RESOURCE) or requests.get(pods.GPU_RESOURCE) or 0)
+        total += int(limits.get(resource) or requests.get(resource) or 0)
     return total
 
 
@@ -153,11 +164,12 @@ def pod_findings(results: Sequence[nodes.ProbeResult], view: cluster.ClusterView
         elif not cluster.is_ready(k8s_node):
             # Its pods would wait out --timeout, three times over, to say what it says.
             why_not[name] = "the node is not Ready (see k8s.node-ready)"
-        elif _allocatable(k8s_node) < 1:
-            why_not[name] = "the node advertises no nvidia.com/gpu (see k8s.allocatable)"
+        elif (resource := smoke_resource(k8s_node)) is None:
+            why_not[name] = ("the node advertises no nvidia.com/gpu or MIG device "
+                             "(see k8s.allocatable)")
         else:
-            held = sum(_requested(p) for p in view.pods_by_node.get(k8s, ()))
-            targets.append(pods.Target(k8s, _allocatable(k8s_node), held))
+            held = sum(_requested(p, resource) for p in view.pods_by_node.get(k8s, ()))
+            targets.append(pods.Target(k8s, _allocatable(k8s_node, resource), held, resource))
     # The smoke pods' image: --image, else the one the inventory gives the role's smoke test,
     # else the role's default (pods.run).
     image = options.image or next((r.node.smoke_image for r in results if r.node.smoke_image),

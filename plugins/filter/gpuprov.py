@@ -161,6 +161,22 @@ def gpuprov_os_problem(supported: Any, host: Any, distribution: Any, major: Any,
         supported=[str(s) for s in _items(supported, "gpuprov_os_problem", "OS names")])
 
 
+def gpuprov_verify_host_vars(hosts: Any, hostvars: Any) -> dict:
+    """{host: {var: value}} of the settings gpuprov verify reads (its SETTING_VARS), as
+    Ansible resolved them for each host: what the gpu_verify role hands verify (--host-vars),
+    so that a playbook's -e and the play's variables reach it, not only the inventory's."""
+    try:
+        from gpuprov.verify.inventory import SETTING_VARS
+    except ImportError as exc:
+        raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
+    found = {}
+    for host in _items(hosts, "gpuprov_verify_host_vars", "host names (ansible_play_hosts)"):
+        values = hostvars[host]
+        found[str(host)] = {key: values[key] for key in SETTING_VARS
+                            if key in values and values[key] is not None}
+    return found
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -172,4 +188,5 @@ class FilterModule:
             "gpuprov_gpu_summary": gpuprov_gpu_summary,
             "gpuprov_choice_text": gpuprov_choice_text,
             "gpuprov_os_problem": gpuprov_os_problem,
+            "gpuprov_verify_host_vars": gpuprov_verify_host_vars,
         }

@@ -34,11 +34,11 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 
+from gpuprov import task_failure
+
 FAILED = "gpuprov.io/upgrade-failed"
 WAS_CORDONED = "gpuprov.io/upgrade-was-cordoned"
 ANNOTATIONS = (FAILED, WAS_CORDONED)
-# The annotation holds one line: what failed and why, enough to act on (kubectl describe node).
-REASON_MAX = 400
 # Between two drain attempts: each one is an eviction request per pod, refused (HTTP 429) while
 # a PodDisruptionBudget allows no disruption.
 DRAIN_DELAY = 10
@@ -218,49 +218,23 @@ def consumers(stdout: Any, units: Any, started_by_driver: Any = ()) -> dict[str,
     return {"stop": running, "start": [unit for unit in running if unit not in own]}
 
 
-def _one_line(text: Any) -> str:
-    if isinstance(text, (list, tuple)):
-        text = " ".join(str(t) for t in text)
-    return " ".join(str(text).split())
-
-
 def verify_failures(stdout: Any, rc: Any, stderr: Any = "") -> str:
     """Why `gpuprov verify --limit <node>` did not pass, in one line: its exit code and its
     FAIL and ERROR lines (the table's rows start with the status), else the last line it
     wrote on stderr (a configuration error)."""
     text = _ANSI.sub("", stdout) if isinstance(stdout, str) else ""
-    problems = [_one_line(line) for line in text.splitlines()
+    problems = [task_failure.one_line(line) for line in text.splitlines()
                 if line.split()[:1] and line.split()[0] in _VERIFY_PROBLEM]
     if not problems:
         last = [line for line in str(stderr or "").splitlines() if line.strip()]
-        problems = [_one_line(last[-1])] if last else ["see its report"]
+        problems = [task_failure.one_line(last[-1])] if last else ["see its report"]
     return f"gpuprov verify exited {rc}: {' | '.join(problems)}"
-
-
-def _result_message(result: Mapping) -> str:
-    """The failed result's message: a loop's first failed item's, else the module's, else
-    the last line of what the command wrote on stderr."""
-    for item in result.get("results") or []:
-        if isinstance(item, Mapping) and item.get("failed"):
-            label = item.get("item")
-            message = _result_message(item)
-            return f"{label}: {message}" if label is not None else message
-    message = _one_line(result.get("msg") or "")
-    stderr = [line for line in str(result.get("stderr") or "").splitlines() if line.strip()]
-    if stderr and (not message or message == "non-zero return code"):
-        message = f"{message}: {_one_line(stderr[-1])}" if message else _one_line(stderr[-1])
-    return message or "failed"
 
 
 def failure(task: Any, result: Any) -> dict:
     """In the role's rescue: the reason (the failed task's name and its message, one line of
     at most REASON_MAX characters), and the patch that keeps the node cordoned with it."""
-    task = task if isinstance(task, Mapping) else {}
-    result = result if isinstance(result, Mapping) else {}
-    name = _one_line(task.get("name") or task.get("action") or "unnamed task")
-    reason = f"{name}: {_result_message(result)}"
-    if len(reason) > REASON_MAX:
-        reason = reason[:REASON_MAX - 3].rstrip() + "..."
+    reason = task_failure.reason(task, result)
     return {
         "reason": reason,
         "annotation": FAILED,

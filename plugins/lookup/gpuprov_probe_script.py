@@ -21,7 +21,13 @@ description:
     C(python3 -I - [--root DIR]) on a node, it prints the probe's JSON report (see
     C(gpuprov/probe/__init__.py) for the schema) and writes nothing there.
   - Needs gpuprov (and nvidia-ml-py) importable by the Python that runs Ansible.
-  - Takes no terms.
+  - Takes no terms for the probe. The term C(mig-apply) gives the MIG stage's applier
+    instead (C(gpuprov/mig_apply.py), run as C(python3 -I - PLAN [--apply]) by the gpu_mig
+    role), packed the same way.
+options:
+  _terms:
+    description: Nothing (the probe), or C(mig-apply).
+    required: false
 """
 
 EXAMPLES = r"""
@@ -48,15 +54,17 @@ INSTALL_HINT = (
 
 class LookupModule(LookupBase):
     def run(self, terms: list, variables: Any = None, **kwargs: Any) -> list[str]:
-        if terms or kwargs:
-            raise AnsibleLookupError("gpuprov_probe_script takes no terms or options")
+        if kwargs or len(terms) > 1 or (terms and terms[0] not in ("probe", "mig-apply")):
+            raise AnsibleLookupError(
+                "gpuprov_probe_script takes no options and at most one term, probe or mig-apply")
+        entry = terms[0] if terms else "probe"
         # Imported on use, not at load time: a playbook that never probes must not fail on a
         # missing gpuprov. probe_script() imports pynvml, which the payload ships, so both
         # imports are covered.
         try:
-            from gpuprov.payload import probe_script
+            from gpuprov.payload import node_script
 
-            script = probe_script()
+            script = node_script(entry)
         except ImportError as exc:
             raise AnsibleLookupError(INSTALL_HINT.format(error=exc)) from None
         return [script.decode("ascii")]

@@ -66,6 +66,7 @@ def test_filters_are_registered():
         "gpuprov_gpu_summary",
         "gpuprov_choice_text",
         "gpuprov_os_problem",
+        "gpuprov_verify_host_vars",
     }
 
 
@@ -185,9 +186,17 @@ def test_lookup_returns_the_probe_script():
     assert lookup.LookupModule().run([]) == [payload.probe_script().decode("ascii")]
 
 
-def test_lookup_takes_no_terms():
-    with pytest.raises(AnsibleLookupError, match="takes no terms"):
-        lookup.LookupModule().run(["x"])
+@pytest.mark.parametrize("terms", [["x"], ["probe", "mig-apply"]])
+def test_lookup_takes_at_most_the_entry(terms):
+    with pytest.raises(AnsibleLookupError, match="at most one term, probe or mig-apply"):
+        lookup.LookupModule().run(terms)
+
+
+def test_lookup_gives_the_mig_applier_as_its_own_script():
+    (probe,) = lookup.LookupModule().run([])
+    (applier,) = lookup.LookupModule().run(["mig-apply"])
+    assert "from gpuprov.mig_apply import main" in applier
+    assert "from gpuprov.probe.__main__ import main" in probe and applier != probe
 
 
 def test_lookup_without_gpuprov_says_how_to_install(monkeypatch):

@@ -110,7 +110,7 @@ def test_payload_ships_the_probe_hardware_table_and_pynvml():
 def test_script_is_built_once_and_reproducible():
     assert payload.probe_script() is payload.probe_script()
     first = payload.probe_script()
-    payload.probe_script.cache_clear()
+    payload.node_script.cache_clear()
     assert payload.probe_script() == first
 
 
@@ -118,7 +118,7 @@ def test_script_does_not_depend_on_which_strings_the_process_interned():
     # A fresh interpreter, so that the first build sees one-character strings (the probe's
     # "[" and "]", ...) not yet interned; the second build comes after they all are.
     code = ("import string, sys; from gpuprov import payload; first = payload.probe_script(); "
-            "[sys.intern(c) for c in string.printable]; payload.probe_script.cache_clear(); "
+            "[sys.intern(c) for c in string.printable]; payload.node_script.cache_clear(); "
             "sys.exit(0 if payload.probe_script() == first else 1)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr or "the second build differs from the first"
@@ -172,11 +172,11 @@ def test_a_node_with_another_python_compiles_the_sources():
 
 def test_too_old_python_gets_one_clear_line(monkeypatch):
     monkeypatch.setattr(payload, "MIN_PYTHON", (99, 0))
-    payload.probe_script.cache_clear()
+    payload.node_script.cache_clear()
     try:
         proc = run_payload()
     finally:
-        payload.probe_script.cache_clear()
+        payload.node_script.cache_clear()
     assert proc.returncode == 2
     with pytest.raises(payload.ProbeError, match=r"needs python3 >= 99\.0, this node has 3\."):
         payload.check_exit(proc.returncode, proc.stdout.decode(), proc.stderr.decode())

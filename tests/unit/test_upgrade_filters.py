@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 
+from gpuprov import task_failure
 from gpuprov.verify.findings import FAIL, PASS, WARN, Finding
 from gpuprov.verify.report import table
 
@@ -296,7 +297,7 @@ def test_the_failure_reason_is_the_task_and_its_message_on_one_line(upgrade):
 def test_a_long_failure_reason_is_cut(upgrade):
     failure = upgrade.failure({"name": "Assert that every check passed"},
                               {"msg": "gpuprov verify exited 1: " + "FAIL gpu.ecc x " * 100})
-    assert len(failure["reason"]) == upgrade.REASON_MAX
+    assert len(failure["reason"]) == task_failure.REASON_MAX
     assert failure["reason"].startswith("Assert that every check passed: gpuprov verify exited 1")
     assert failure["reason"].endswith("...")
 

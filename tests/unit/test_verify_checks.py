@@ -404,6 +404,11 @@ def test_mig_layout_on_gpus_without_mig():
       "nvidia.com/mig-3g.40gb": 1, "nvidia.com/mig-1g.10gb.me": 1}),
     ("single", {i: _on(*["1g.10gb"] * 7) for i in range(8)}, {"nvidia.com/gpu": 56}),
     ("single", {0: _on(*["1g.10gb"] * 7)}, {"nvidia.com/gpu": 0}),  # MIG on and off: nothing
+    # NVIDIA's plugin refuses these under single too (internal/rm/device_map.go): nothing.
+    ("single", {i: _on("3g.40gb", "3g.40gb") if i else _on(*["1g.10gb"] * 7) for i in range(8)},
+     {"nvidia.com/gpu": 0}),
+    ("single", {i: _on() if i == 3 else _on(*["1g.10gb"] * 7) for i in range(8)},
+     {"nvidia.com/gpu": 0}),
 ])
 def test_expected_resources_per_mig_strategy(strategy, gpus, expected):
     from gpuprov.verify.checks import k8s
@@ -438,3 +443,17 @@ def test_allocatable_counts_mig_devices_under_mixed():
     stale = _allocatable_finding("mixed", {}, {"nvidia.com/gpu": "8",
                                                "nvidia.com/mig-1g.10gb": "7"})
     assert stale.status == FAIL and "nvidia.com/mig-1g.10gb 7 != 0" in stale.message
+
+
+@pytest.mark.parametrize(("gpus", "words"), [
+    ({0: _on(*["1g.10gb"] * 7)}, "MIG is on for 1 of 8 GPUs"),
+    ({i: _on("3g.40gb", "3g.40gb") if i else _on(*["1g.10gb"] * 7) for i in range(8)},
+     "more than one MIG profile (1g.10gb, 3g.40gb)"),
+    ({i: _on() if i == 3 else _on(*["1g.10gb"] * 7) for i in range(8)},
+     "GPU(s) 3 in MIG mode without MIG devices"),
+])
+def test_allocatable_fails_where_the_single_strategy_refuses_the_layout(gpus, words):
+    # The plugin offers nothing, and nothing is expected: still a failure, not a pass at 0.
+    finding = _allocatable_finding("single", gpus, {"nvidia.com/gpu": "0"})
+    assert finding.status == FAIL and words in finding.message, finding.message
+    assert "use the mixed strategy" in finding.message

@@ -140,3 +140,42 @@ def test_kubernetes_node_name_from_the_labels_role_variable(tmp_path):
     nodes = {n.name: n for n in inventory.load(str(path))}
     assert nodes["gpu1"].node_name == "gpu1.cluster.local"
     assert nodes["gpu2"].node_name == "gpu2"
+
+
+def test_host_vars_and_extra_vars_take_the_place_of_the_inventorys_settings(site):
+    # What the gpu_verify role hands over (--host-vars, Ansible's resolved values), then -e.
+    nodes = {n.name: n for n in inventory.load(
+        str(site), host_vars={"gpu-a": {"gpu_mig_config": "all-1g.10gb",
+                                        "nvidia_driver_branch": "535",
+                                        "ansible_host": "10.9.9.9"}},
+        extra_vars={"nvidia_device_plugin_mig_strategy": "mixed"})}
+    a, b = nodes["gpu-a"], nodes["gpu-b"]
+    assert (a.mig_config, a.driver_branch_pin, a.mig_strategy) == ("all-1g.10gb", "535", "mixed")
+    assert (b.mig_config, b.driver_branch_pin, b.mig_strategy) == (None, None, "mixed")
+    assert a.target.host == "10.0.0.1"  # how to connect is not a setting: the inventory's
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["-e", "gpu_mig_config=all-1g.10gb nvidia_device_plugin_mig_strategy=mixed"],
+     {"gpu_mig_config": "all-1g.10gb", "nvidia_device_plugin_mig_strategy": "mixed"}),
+    (["-e", '{"gpu_mig_config": "all-balanced"}', "-e", "gpu_mig_config=all-disabled"],
+     {"gpu_mig_config": "all-disabled"}),
+])
+def test_verify_takes_extra_vars_as_ansible_playbook_does(argv, expected):
+    from gpuprov.commands import verify as command
+
+    extra = {}
+    for flag, text in zip(argv[::2], argv[1::2], strict=True):
+        assert flag == "-e"
+        extra.update(command._vars_argument(flag, text))
+    assert extra == expected
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "@/nonexistent/vars.yml", "{unclosed"])
+def test_bad_extra_vars_are_one_line(text):
+    from gpuprov.commands import verify as command
+    from gpuprov.errors import GpuprovError
+
+    with pytest.raises(GpuprovError) as error:
+        command._vars_argument("-e", text)
+    assert "\n" not in str(error.value) and str(error.value).startswith("-e")

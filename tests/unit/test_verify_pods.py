@@ -296,3 +296,44 @@ def test_a_node_labelled_cdi_gets_the_plugins_cdi_config_and_spec(tmp_path, bind
     env_of = {node: env for node, argv, env in backend.started if argv == ["nvidia-smi", "-L"]}
     assert env_of["gpu-pascal"]["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
     assert "NVIDIA_VISIBLE_DEVICES" not in env_of["gpu-hopper"]
+
+
+def test_a_container_with_mig_devices_is_seen_by_its_mig_uuids():
+    # `nvidia-smi -L` in a container given two MIG devices of one GPU (the lab's stand-in
+    # prints NVIDIA's format: MIG user guide, "Device Enumeration").
+    log_text = ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-a5667db9-3595-86d1-c399-161ebc452f28)\n"
+                "  MIG 1g.10gb     Device  0: (UUID: MIG-0b8f7f3e-1b46-5e2b-9a39-3c3c1d9d5b01)\n"
+                "  MIG 1g.10gb     Device  1: (UUID: MIG-7a1c2f44-55d9-5b1e-8f0e-2b8d3a6c7e02)\n")
+    assert pods.gpu_uuids(log_text) == ["MIG-0b8f7f3e-1b46-5e2b-9a39-3c3c1d9d5b01",
+                                        "MIG-7a1c2f44-55d9-5b1e-8f0e-2b8d3a6c7e02"]
+    assert pods.gpu_uuids(log_text.splitlines()[0]) == [
+        "GPU-a5667db9-3595-86d1-c399-161ebc452f28"]
+
+
+@pytest.mark.parametrize(("allocatable", "expected"), [
+    ({"nvidia.com/gpu": "8"}, "nvidia.com/gpu"),
+    ({"nvidia.com/gpu": "2", "nvidia.com/mig-1g.10gb": "14"}, "nvidia.com/gpu"),
+    ({"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "16", "nvidia.com/mig-3g.40gb": "8"},
+     "nvidia.com/mig-1g.10gb"),
+    ({"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "0"}, None),
+    ({}, None),
+])
+def test_smoke_pods_ask_for_whole_gpus_else_the_most_offered_mig_profile(allocatable, expected):
+    from gpuprov.verify import runner
+
+    assert runner.smoke_resource({"status": {"allocatable": allocatable}}) == expected
+
+
+def test_a_smoke_pod_requests_the_resource_it_is_given():
+    from gpuprov import manifests
+    from gpuprov.errors import GpuprovError
+
+    pod = manifests.smoke_pod("p", "ns", gpus=2, resource="nvidia.com/mig-1g.10gb")
+    (container,) = pod["spec"]["containers"]
+    assert container["resources"] == {"requests": {"nvidia.com/mig-1g.10gb": "2"},
+                                      "limits": {"nvidia.com/mig-1g.10gb": "2"}}
+    job = manifests.smoke_job("j", "ns", resource="nvidia.com/mig-3g.40gb")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["limits"] == {"nvidia.com/mig-3g.40gb": "1"}
+    with pytest.raises(GpuprovError, match="not 'amd.com/gpu'"):
+        manifests.smoke_pod("p", "ns", resource="amd.com/gpu")

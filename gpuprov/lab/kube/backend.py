@@ -34,9 +34,25 @@ CONTAINER_GPUS_ENV = "GPUPROV_SIM_CONTAINER_GPUS"
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """A MIG device as NVML lists it under its GPU (nvmlDeviceGetMigDeviceHandleByIndex).
+
+    `index` is the slot NVML returned it at (go-nvlib's VisitMigDevices passes that slot as
+    the device plugin's "<gpu>:<mig>" index); `profile` is the MIG profile as go-nvlib's
+    MigProfileInfo.String() writes it ("1g.10gb", "1g.10gb+me", "1c.2g.20gb" for a compute
+    instance smaller than its GPU instance)."""
+
+    uuid: str
+    profile: str
+    index: int = 0
+
+
+@dataclass(frozen=True)
 class Gpu:
     uuid: str
     healthy: bool = True
+    mig_enabled: bool = False  # MIG mode current (nvmlDeviceGetMigMode)
+    mig_devices: tuple[MigDevice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -255,7 +271,9 @@ class FakeBackend:
         try:
             seen = toolkit_rules.container_gpus(
                 container, fake.runtime.toolkit_settings, [g.uuid for g in fake.gpus or []],
-                fake.runtime.handler_is_nvidia(request.handler))
+                fake.runtime.handler_is_nvidia(request.handler),
+                {g.uuid: [(d.index, d.uuid) for d in g.mig_devices]
+                 for g in fake.gpus or [] if g.mig_enabled})
         except toolkit_rules.UnknownDevice as exc:
             raise StartError("RunContainerError", f"OCI runtime create failed: "
                              f"nvidia-container-runtime: {exc}") from None
@@ -288,13 +306,39 @@ try:
     pynvml.nvmlInit()
 except pynvml.NVMLError as err:
     print(json.dumps({"error": str(err)})); raise SystemExit(0)
+def text(value):
+    return value if isinstance(value, str) else value.decode()
+def mig(handle):
+    # MIG mode and devices, as go-nvlib's VisitMigDevices reads them for the device plugin.
+    try:
+        current, _ = pynvml.nvmlDeviceGetMigMode(handle)
+    except (pynvml.NVMLError, AttributeError):
+        return False, []
+    devices = []
+    for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle) if current else 0):
+        try:
+            device = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
+        except pynvml.NVMLError:
+            continue
+        name = text(pynvml.nvmlDeviceGetName(device))
+        attrs = pynvml.nvmlDeviceGetAttributes_v2(device)
+        profile = name.rpartition(" MIG ")[2]
+        if attrs.computeInstanceSliceCount != attrs.gpuInstanceSliceCount:
+            profile = f"{attrs.computeInstanceSliceCount}c.{profile}"
+        devices.append({"uuid": text(pynvml.nvmlDeviceGetUUID(device)), "profile": profile,
+                        "index": j})
+    return bool(current), devices
 gpus = []
 for i in range(pynvml.nvmlDeviceGetCount()):
     try:
-        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
-        gpus.append({"uuid": uuid if isinstance(uuid, str) else uuid.decode(), "healthy": True})
+        handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
     except pynvml.NVMLError:
         gpus.append({"uuid": "", "healthy": False})
+        continue
+    enabled, devices = mig(handle)
+    gpus.append({"uuid": text(uuid), "healthy": True, "mig_enabled": enabled,
+                 "mig_devices": devices})
 print(json.dumps({"gpus": gpus}))
 """
 
@@ -369,7 +413,11 @@ class LabBackend:
             doc = json.loads(proc.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
             doc = {"error": proc.stderr.strip()[-200:]}
-        result = None if "error" in doc else [Gpu(g["uuid"], g["healthy"]) for g in doc["gpus"]]
+        result = None if "error" in doc else [
+            Gpu(g["uuid"], g["healthy"], bool(g.get("mig_enabled")),
+                tuple(MigDevice(d["uuid"], d["profile"], d["index"])
+                      for d in g.get("mig_devices") or []))
+            for g in doc["gpus"]]
         self._gpu_cache[node] = (signature, result)
         return result
 

@@ -137,8 +137,10 @@ class Cluster:
     def faults(self, node: str) -> list[str]:
         return faults.active_faults(self.state_dir, node)
 
-    def gpus_of(self, node: str) -> list[Gpu]:
-        if node not in self._gpu_cache:
+    def gpus_of(self, node: str, refresh: bool = False) -> list[Gpu]:
+        """The node's GPUs (with their MIG mode and devices) as NVML reports them, read once
+        per pass; `refresh`: read again now (a device plugin starting enumerates them then)."""
+        if refresh or node not in self._gpu_cache:
             self._gpu_cache[node] = self.backend.gpus(node)
         return self._gpu_cache[node] or []
 

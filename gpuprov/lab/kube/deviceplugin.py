@@ -1,12 +1,14 @@
-"""SIMULATION: NVIDIA's device plugin's Allocate answer, per DEVICE_LIST_STRATEGY.
+"""SIMULATION: NVIDIA's device plugin: the devices it serves per MIG strategy, and its Allocate
+answer per DEVICE_LIST_STRATEGY.
 
 Test infrastructure. The emulated kubelet asks this for each container that requests
-nvidia.com/gpu, as a real kubelet calls the plugin's Allocate over gRPC, and turns the answer
-into the container's environment, mounts, annotations and CDI devices: the container
-runtime (gpuprov/lab/toolkit/toolkit_rules.py) then decides from those which GPUs the container
-really gets. Followed: NVIDIA/k8s-device-plugin internal/plugin/server.go
-(`getAllocateResponse`, `updateResponseForDeviceListEnvVar`, `updateResponseForDeviceMounts`,
-`updateResponseForCDI`) and api/config/v1/strategy.go (the strategy names), v0.17-v0.20.
+nvidia.com/gpu or nvidia.com/mig-<profile>, as a real kubelet calls the plugin's Allocate
+over gRPC, and turns the answer into the container's environment, mounts, annotations and CDI
+devices: the container runtime (gpuprov/lab/toolkit/toolkit_rules.py) then decides from those
+which GPUs and MIG devices the container really gets. Followed: NVIDIA/k8s-device-plugin
+internal/plugin/server.go (`getAllocateResponse`, `updateResponseForDeviceListEnvVar`,
+`updateResponseForDeviceMounts`, `updateResponseForCDI`) and api/config/v1/strategy.go (the
+strategy names), v0.17-v0.20.
 
 The plugin's settings are read from its own pod, as the plugin reads them: its config file
 (CONFIG_FILE, api/config/v1: flags.plugin.deviceListStrategy, deviceIDStrategy), then its
@@ -14,9 +16,39 @@ environment, which wins where set (DEVICE_LIST_STRATEGY: comma list, default env
 DEVICE_ID_STRATEGY: uuid | index, default uuid). The config file is the one NVIDIA's
 config-manager (cmd/config-manager/main.go) links for the node: the ConfigMap key named by the
 node's label (NODE_LABEL, nvidia.com/device-plugin.config), else DEFAULT_CONFIG; a label naming
-no config fails, as config-manager does. Not simulated: PASS_DEVICE_SPECS (device nodes),
-GDS/MOFED, MIG, time-slicing replicas' annotated IDs, config changes while the plugin runs
-(config-manager's signal): a new plugin pod reads the config again.
+no config fails, as config-manager does.
+
+MIG (`advertised`): the MIG strategy is read the same way (MIG_STRATEGY, else the config
+file's flags.migStrategy; none | single | mixed, default none; cmd/nvidia-device-plugin/main.go
+flag "mig-strategy" and validateFlags: anything else is "unknown MIG strategy" and the plugin
+does not start). The resources and their devices follow internal/rm/rm.go
+AddDefaultResourcesToConfig (single: every MIG device as "gpu"; mixed: one "mig-<profile>"
+resource, "+" written ".", for each profile whose compute and GPU slices are equal, from
+VisitMigProfiles) and internal/rm/device_map.go (buildGPUDeviceMap, buildMigDeviceMap,
+assertAllMigDevicesAreValid), v0.20.0:
+- none: every GPU as nvidia.com/gpu, whatever its MIG mode;
+- single: GPUs with MIG off as nvidia.com/gpu, MIG devices as nvidia.com/gpu; the plugin fails
+  to start (advertises nothing) where GPUs with MIG on and off are mixed ("all devices on the
+  node must be configured with the same migEnabled value"), where MIG devices of more than one
+  type exist ("more than one MIG device type present on node": NVIDIA compares the devices'
+  NVML attributes, the emulator their profiles, which those attributes make), and where a
+  GPU with MIG on has no MIG device ("device N has no MIG devices configured");
+- mixed: GPUs with MIG off as nvidia.com/gpu, each MIG device as nvidia.com/mig-<profile>; a
+  GPU with MIG on and no device only warns; a MIG device whose compute instance is smaller
+  than its GPU instance ("1c.2g.20gb") matches no resource and the plugin fails to start
+  ("MIG profile ... does not match any resource patterns").
+Device IDs are the UUIDs (GPU-..., MIG-...); indices are "<gpu>" and "<gpu>:<mig slot>"
+(internal/rm/nvml_devices.go newGPUDevice/newMigDevice); with DEVICE_ID_STRATEGY=index the
+Allocate answer names those (server.go uniqueDeviceIDsFromAnnotatedDeviceIDs), for CDI too
+(internal/cdi/cdi.go QualifiedName("gpu", id)).
+
+Not simulated: PASS_DEVICE_SPECS (device nodes; for MIG the parent's /dev/nvidia<N> and the
+/dev/nvidia-caps nodes of its GPU and compute instance, nvml_devices.go GetPaths), GDS/MOFED,
+time-slicing/MPS replicas and their annotated IDs, resource renaming in the config file
+(NVIDIA disables it too: DisableResourceNamingInConfig), config changes while the plugin runs
+(config-manager's signal): a new plugin pod reads the config again. A GPU NVML cannot query
+(the emulator's unhealthy GPU) counts as a GPU with MIG off, where the real plugin would fail
+to build its device map.
 """
 
 from __future__ import annotations
@@ -28,6 +60,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from gpuprov.lab.kube import objects
+from gpuprov.lab.kube.backend import Gpu
 from gpuprov.lab.toolkit import toolkit_rules
 
 ENVVAR = "envvar"
@@ -47,6 +80,13 @@ CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"
 CDI_SPEC = f"/var/run/cdi/{CDI_VENDOR}-{CDI_CLASS}.json"
 # The node label config-manager reads by default (cmd/config-manager DefaultConfigLabel).
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
+# api/config/v1/consts.go MigStrategy*; the flag's default is none (main.go).
+MIG_NONE, MIG_SINGLE, MIG_MIXED = "none", "single", "mixed"
+MIG_STRATEGIES = (MIG_NONE, MIG_SINGLE, MIG_MIXED)
+# Every resource the plugin serves is "nvidia.com/<name>" (api/config/v1/resources.go
+# ResourceNamePrefix); whole GPUs are "gpu" (rm.go AddGPUResource("*", "gpu")).
+RESOURCE_PREFIX = "nvidia.com/"
+GPU_RESOURCE = f"{RESOURCE_PREFIX}gpu"
 
 
 class AllocateError(ValueError):
@@ -57,6 +97,7 @@ class AllocateError(ValueError):
 class Settings:
     strategies: tuple[str, ...] = (ENVVAR,)
     id_strategy: str = "uuid"
+    mig_strategy: str = MIG_NONE
 
     @property
     def cdi(self) -> bool:
@@ -111,8 +152,9 @@ def config_file(pod: Mapping, node_labels: Mapping[str, str],
 def settings_from_pod(pod: Mapping, node_labels: Mapping[str, str] | None = None,
                       config_map: Callable[[str, str], Mapping | None] | None = None) -> Settings:
     env = _env(objects.device_plugin_container(pod))
-    flags = (config_file(pod, node_labels or {}, config_map or (lambda _ns, _name: None))
-             .get("flags") or {}).get("plugin") or {}
+    all_flags = config_file(pod, node_labels or {}, config_map or (lambda _ns, _name: None)
+                            ).get("flags") or {}
+    flags = all_flags.get("plugin") or {}
     listed = flags.get("deviceListStrategy", ENVVAR)
     listed = ",".join(listed) if isinstance(listed, list) else str(listed)
     listed = env.get("DEVICE_LIST_STRATEGY", listed)
@@ -123,12 +165,91 @@ def settings_from_pod(pod: Mapping, node_labels: Mapping[str, str] | None = None
     id_strategy = env.get("DEVICE_ID_STRATEGY", str(flags.get("deviceIDStrategy", "uuid")))
     if id_strategy not in ("uuid", "index"):
         raise AllocateError(f"invalid DEVICE_ID_STRATEGY {id_strategy!r}")
-    return Settings(strategies, id_strategy)
+    mig_strategy = env.get("MIG_STRATEGY", str(all_flags.get("migStrategy", MIG_NONE)))
+    if mig_strategy not in MIG_STRATEGIES:
+        raise AllocateError(f"unable to validate flags: unknown MIG strategy: {mig_strategy}")
+    return Settings(strategies, id_strategy, mig_strategy)
 
 
-def allocate(settings: Settings, gpus: list[str], node_gpus: list[str]) -> AllocateResponse:
-    """The answer for one container given `gpus` (UUIDs) out of the node's (in index order)."""
-    ids = [g if settings.id_strategy == "uuid" else str(node_gpus.index(g)) for g in gpus]
+@dataclass(frozen=True)
+class Device:
+    """One device the plugin serves (internal/rm/devices.go Device): ID is its UUID, `index`
+    "<gpu>" or "<gpu>:<mig slot>", `gpu` the NVML index of the GPU it is or is part of."""
+
+    resource: str
+    id: str
+    index: str
+    gpu: int
+
+
+def _gpu_device(i: int, gpu: Gpu) -> Device:
+    return Device(GPU_RESOURCE, gpu.uuid, str(i), i)
+
+
+def mig_resource(profile: str) -> str:
+    """rm.go: strings.ReplaceAll("mig-"+profile, "+", ".")."""
+    return f"{RESOURCE_PREFIX}mig-{profile}".replace("+", ".")
+
+
+def _full_instance(profile: str) -> bool:
+    """go-nvlib MigProfileInfo: C == G profiles are written without a "<C>c." prefix."""
+    head = profile.split(".", 1)[0]
+    return not (head.endswith("c") and head[:-1].isdigit())
+
+
+def advertised(mig_strategy: str, gpus: list[Gpu]) -> dict[str, tuple[Device, ...]]:
+    """The plugin's device map: resource -> its devices, as NewDeviceMap builds it from NVML
+    when the plugin starts (device_map.go buildDeviceMapFromConfigResources); raises
+    AllocateError where the plugin fails to start instead. Resources without devices are left
+    out (NewNVMLResourceManagers serves none for them)."""
+    prefix = "error building device map: error building device map from config.resources: "
+    found: dict[str, list[Device]] = {}
+    for i, gpu in enumerate(gpus):  # buildGPUDeviceMap
+        if gpu.mig_enabled and mig_strategy != MIG_NONE:
+            continue
+        found.setdefault(GPU_RESOURCE, []).append(_gpu_device(i, gpu))
+    if mig_strategy == MIG_NONE:
+        return {r: tuple(d) for r, d in found.items()}
+    mig: dict[str, list[Device]] = {}
+    for i, gpu in enumerate(gpus):  # buildMigDeviceMap (VisitMigDevices: MIG-enabled GPUs)
+        if not gpu.mig_enabled:
+            continue
+        for device in gpu.mig_devices:
+            if mig_strategy == MIG_SINGLE:
+                resource = GPU_RESOURCE  # AddMIGResource("*", "gpu")
+            elif _full_instance(device.profile):
+                resource = mig_resource(device.profile)
+            else:
+                raise AllocateError(f"{prefix}error building MIG device map: MIG profile "
+                                    f"'{device.profile}' does not match any resource patterns")
+            mig.setdefault(resource, []).append(
+                Device(resource, device.uuid, f"{i}:{device.index}", i))
+    if mig_strategy == MIG_SINGLE:  # assertAllMigDevicesAreValid(uniform=true)
+        invalid = f"{prefix}invalid MIG configuration: "
+        for i, gpu in enumerate(gpus):
+            if gpu.mig_enabled and not gpu.mig_devices:
+                raise AllocateError(f"{invalid}at least one device with migEnabled=true was "
+                                    f"not configured correctly: device {i} has no MIG "
+                                    "devices configured")
+        profiles = {d.profile for g in gpus if g.mig_enabled for d in g.mig_devices}
+        if len(profiles) > 1:
+            raise AllocateError(f"{invalid}more than one MIG device type present on node")
+        if found and mig:
+            raise AllocateError(f"{prefix}all devices on the node must be configured with "
+                                "the same migEnabled value")
+    for resource, devices in mig.items():
+        found.setdefault(resource, []).extend(devices)
+    return {r: tuple(d) for r, d in found.items()}
+
+
+def allocate(settings: Settings, gpus: list[str], node_gpus: list[str],
+             indices: Mapping[str, str] | None = None) -> AllocateResponse:
+    """The answer for one container given `gpus` (device UUIDs, GPU-... or MIG-...) out of
+    the node's (in index order); `indices` maps a device's UUID to its index ("<gpu>" or
+    "<gpu>:<mig>"), by default its position in node_gpus."""
+    ids = [g if settings.id_strategy == "uuid"
+           else (indices[g] if indices and g in indices else str(node_gpus.index(g)))
+           for g in gpus]
     envs: dict[str, str] = {}
     mounts: list[toolkit_rules.Mount] = []
     annotations: dict[str, str] = {}

@@ -1,11 +1,18 @@
 """The kubelet of each emulated node, with its device manager: admits the pods bound to its node
-(allocating GPUs through the node's device plugin), runs their containers through the node's
-runtime (the NodeBackend), restarts them with back-off, reports container statuses and the pod
-phase, keeps their logs, and removes pods being deleted once their containers are stopped.
-kubernetes pkg/kubelet (and kwok's pod controller, which plays the kubelet's part for the pods
-of fake nodes). Containers are started in the cluster's pool of starters and followed by the
-backend's threads, which wake the cluster when one exits; every write goes through the
+(allocating the devices of each nvidia.com/* resource they ask for, `nvidia.com/gpu` or
+`nvidia.com/mig-<profile>`, through the node's device plugin), runs their containers through
+the node's runtime (the NodeBackend), restarts them with back-off, reports container statuses
+and the pod phase, keeps their logs, and removes pods being deleted once their containers are
+stopped. kubernetes pkg/kubelet (and kwok's pod controller, which plays the kubelet's part for
+the pods of fake nodes). Containers are started in the cluster's pool of starters and followed
+by the backend's threads, which wake the cluster when one exits; every write goes through the
 registry, like any client's.
+
+The device plugin's devices (deviceplugin.advertised: which resources, which GPUs or MIG
+devices) are read when its pod is admitted, from the node's GPUs and MIG state as NVML reports
+them then, as NVIDIA's plugin enumerates them when it starts; a MIG layout changed while it runs
+changes nothing until its pod is recreated. Their health is NVML's at every pass (a GPU's MIG
+devices share its health, as the plugin's health check marks them: internal/rm/health.go).
 """
 
 from __future__ import annotations
@@ -13,13 +20,13 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpuprov.lab.kube import deviceplugin, selectors
 from gpuprov.lab.kube.backend import (
     ContainerRequest,
-    Gpu,
     NodeBackend,
     NodeSpec,
     Process,
@@ -27,7 +34,14 @@ from gpuprov.lab.kube.backend import (
 )
 from gpuprov.lab.kube.controllers import guarded
 from gpuprov.lab.kube.objects import is_device_plugin
-from gpuprov.lab.kube.registry import GPU, NODES, PODS, R, gpu_request, is_terminal
+from gpuprov.lab.kube.registry import (
+    NODES,
+    PODS,
+    R,
+    container_device_requests,
+    device_requests,
+    is_terminal,
+)
 from gpuprov.lab.kube.store import now
 from gpuprov.lab.toolkit import toolkit_rules
 
@@ -80,9 +94,23 @@ class PodRun:
     uid: str
     namespace: str
     name: str
-    gpus: list[str]
+    devices: dict[str, list[str]]  # resource -> the device IDs (UUIDs) allocated to the pod
     containers: list[ContainerRun] = field(default_factory=list)
     simulated: bool = False  # the device plugin: no process, running until deleted
+
+
+@dataclass(frozen=True)
+class PluginDevices:
+    """What a device plugin pod serves, read when it was admitted (its start): resource ->
+    devices; `error`: why it did not start (bad settings, a MIG layout its strategy refuses),
+    then it serves nothing."""
+
+    resources: Mapping[str, tuple[deviceplugin.Device, ...]]
+    error: str = ""
+
+    @property
+    def indices(self) -> dict[str, str]:
+        return {d.id: d.index for devices in self.resources.values() for d in devices}
 
 
 class Kubelet:
@@ -93,23 +121,40 @@ class Kubelet:
         self.spec = spec
         self.name = spec.name
         self.runs: dict[str, PodRun] = {}
+        # Device plugin pods on this node (UID) -> what each serves; the one registered now
+        # (set by the nodes controller at each pass, None while none is).
+        self.plugins: dict[str, PluginDevices] = {}
+        self.registered: str | None = None
 
     @property
     def backend(self) -> NodeBackend:
         return self.cluster.backend
 
-    def healthy_gpus(self) -> list[Gpu]:
-        return [g for g in self.cluster.gpus_of(self.name) if g.healthy]
+    def served(self, plugin_uid: str | None = None) -> PluginDevices | None:
+        """What the given (default: the registered) device plugin pod serves."""
+        return self.plugins.get(plugin_uid or self.registered or "")
 
-    def allocate(self, uid: str, count: int) -> list[str] | None:
+    def healthy(self, device: deviceplugin.Device) -> bool:
+        """NVML's health now of the GPU the device is or is part of (by NVML index: a GPU
+        NVML cannot query has no UUID)."""
+        gpus = self.cluster.gpus_of(self.name)
+        return device.gpu < len(gpus) and gpus[device.gpu].healthy
+
+    def allocate(self, uid: str, resource: str, count: int) -> list[str] | None:
+        """`count` distinct healthy devices of `resource` not held by other pods (any, with
+        the double-allocate fault), or None."""
         if count == 0:
             return []
+        served = self.served()
+        if served is None:
+            return None
         held = set()
         if "double-allocate" not in self.cluster.faults(self.name):
             for run in self.runs.values():
                 if run.uid != uid:
-                    held.update(run.gpus)
-        free = [g.uuid for g in self.healthy_gpus() if g.uuid not in held]
+                    held.update(run.devices.get(resource, ()))
+        free = [d.id for d in served.resources.get(resource, ())
+                if self.healthy(d) and d.id not in held]
         return free[:count] if len(free) >= count else None
 
     def sync(self, pods: list[dict]) -> None:
@@ -117,6 +162,9 @@ class Kubelet:
         for uid in list(self.runs):
             if uid not in alive:
                 self._stop(self.runs.pop(uid))
+        for uid in list(self.plugins):
+            if uid not in self.runs:
+                del self.plugins[uid]
         # Sandboxes of pods that are gone, or being deleted, go (the pod's containers with them).
         self.backend.collect(self.name, {p["metadata"]["uid"] for p in pods
                                          if not p["metadata"].get("deletionTimestamp")})
@@ -146,36 +194,42 @@ class Kubelet:
     # -- starting pods ---------------------------------------------------------------------------
     def _admit(self, pod: dict) -> PodRun | None:
         meta, spec = pod["metadata"], pod["spec"]
-        want = gpu_request(spec)
-        if want:
-            node = self.cluster.registry.find(NODES, "", self.name) or {}
-            capacity = int((node.get("status", {}).get("allocatable") or {}).get(GPU, 0))
+        wants = device_requests(spec)
+        node = self.cluster.registry.find(NODES, "", self.name) or {}
+        for resource, want in wants.items():
+            capacity = int((node.get("status", {}).get("allocatable") or {}).get(resource, 0))
             if capacity < want:
-                self._fail(pod, f"OutOf{GPU}", f"Node didn't have enough resource: {GPU}, "
-                           f"requested: {want}, used: 0, capacity: {capacity}")
+                self._fail(pod, f"OutOf{resource}", f"Node didn't have enough resource: "
+                           f"{resource}, requested: {want}, used: 0, capacity: {capacity}")
                 return None
-        gpus = self.allocate(meta["uid"], want)
-        if gpus is None:
-            self._fail(pod, "UnexpectedAdmissionError",
-                       f"Allocate failed due to requested number of devices unavailable for "
-                       f"{GPU}. Requested: {want}")
-            return None
-        run = PodRun(meta["uid"], meta["namespace"], meta["name"], gpus)
+        devices: dict[str, list[str]] = {}
+        for resource, want in wants.items():
+            got = self.allocate(meta["uid"], resource, want)
+            if got is None:
+                self._fail(pod, "UnexpectedAdmissionError",
+                           f"Allocate failed due to requested number of devices unavailable "
+                           f"for {resource}. Requested: {want}")
+                return None
+            devices[resource] = got
+        run = PodRun(meta["uid"], meta["namespace"], meta["name"], devices)
         if is_device_plugin(pod):
             run.simulated = True
-            self._plugin_cdi_spec(pod)
+            self._plugin_start(pod)
             return run
-        node_gpus = [g.uuid for g in self.cluster.gpus_of(self.name)]
-        answer = self._plugin_allocate(gpus, node_gpus) if gpus else None
-        if isinstance(answer, str):
-            self._fail(pod, "UnexpectedAdmissionError", answer)
-            return None
+        answers: dict[str, deviceplugin.AllocateResponse] = {}
+        for resource, ids in devices.items():
+            answer = self._plugin_allocate(ids)
+            if isinstance(answer, str):
+                self._fail(pod, "UnexpectedAdmissionError", answer)
+                return None
+            answers[resource] = answer
         handler = self._runtime_handler(spec) or ""
         contexts = [self.security_context(pod, c) for c in spec.get("containers") or []]
         sandbox_privileged = any(ctx.get("privileged") for ctx in contexts)
         for c, context in zip(spec.get("containers") or [], contexts, strict=True):
             env = self.container_env(pod, c)
-            allocated = answer if answer is not None and _requests_gpu(c) else None
+            allocated = _merge([answers[r] for r in container_device_requests(c)
+                                if r in answers])
             capabilities = context.get("capabilities") or {}
             # The kubelet adds the plugin's answer to the container's own settings; its
             # environment variables come last and win.
@@ -242,10 +296,24 @@ class Kubelet:
             self.cluster.event(plugin, "CDISpecFailed",
                                f"failed to create CDI spec file: {problem}", "Warning")
 
-    def _plugin_allocate(self, gpus: list[str],
-                         node_gpus: list[str]) -> deviceplugin.AllocateResponse | str:
-        """The node's device plugin's Allocate answer for these GPUs (of the node's, in NVML
-        order), or why it failed."""
+    def _plugin_start(self, plugin: dict) -> None:
+        """The plugin pod starts: it reads its settings, enumerates the node's GPUs and MIG
+        devices through NVML (read again now, not the pass's cached view) and builds its
+        device map; a failure leaves it serving nothing (the real plugin exits), with a
+        Warning event. A plugin with a CDI strategy writes its spec."""
+        gpus = self.cluster.gpus_of(self.name, refresh=True)
+        try:
+            settings = self._plugin_settings(plugin)
+            served = PluginDevices(deviceplugin.advertised(settings.mig_strategy, gpus))
+        except deviceplugin.AllocateError as exc:
+            served = PluginDevices({}, f"error starting plugins: {exc}")
+            self.cluster.event(plugin, "DevicePluginFailed", served.error, "Warning")
+        self.plugins[plugin["metadata"]["uid"]] = served
+        self._plugin_cdi_spec(plugin)
+
+    def _plugin_allocate(self, ids: list[str]) -> deviceplugin.AllocateResponse | str:
+        """The node's device plugin's Allocate answer for these devices (UUIDs of one
+        resource), or why it failed."""
         pods = self.cluster.registry.list(PODS, field_selector=f"spec.nodeName={self.name}")[0]
         plugin = next((p for p in pods if is_device_plugin(p)
                        and not p["metadata"].get("deletionTimestamp")), None)
@@ -256,7 +324,10 @@ class Kubelet:
         except deviceplugin.AllocateError as exc:
             return f"device plugin: {exc}"
         self._plugin_cdi_spec(plugin, settings)
-        return deviceplugin.allocate(settings, gpus, node_gpus)
+        served = self.served(plugin["metadata"]["uid"]) or self.served()
+        node_gpus = [g.uuid for g in self.cluster.gpus_of(self.name)]
+        return deviceplugin.allocate(settings, ids, node_gpus,
+                                     served.indices if served else None)
 
     def _runtime_handler(self, spec: dict) -> str | None:
         name = spec.get("runtimeClassName")
@@ -399,8 +470,14 @@ class Kubelet:
         if run is None:
             return None
         if run.simulated:
-            return (f"I0000 simulated NVIDIA device plugin on {self.name}: "
-                    f"{len(self.healthy_gpus())} GPU(s), registered with the kubelet\n", True)
+            served = self.served(uid)
+            if served is not None and served.error:
+                return f"E0000 simulated NVIDIA device plugin on {self.name}: " \
+                       f"{served.error}\n", True
+            resources = ", ".join(f"{len(d)} {r}" for r, d in sorted(
+                (served.resources if served else {}).items())) or "no devices"
+            return (f"I0000 simulated NVIDIA device plugin on {self.name}: {resources}, "
+                    "registered with the kubelet\n", True)
         for c in run.containers:
             if c.name == container:
                 if c.process is not None:
@@ -409,9 +486,24 @@ class Kubelet:
         return None
 
 
-def _requests_gpu(container: dict) -> bool:
-    limits = (container.get("resources") or {}).get("limits") or {}
-    return int(str(limits.get(GPU, 0))) > 0
+def _merge(answers: list[deviceplugin.AllocateResponse]
+           ) -> deviceplugin.AllocateResponse | None:
+    """The Allocate answers of a container's resources, as the kubelet's device manager adds
+    them to the container (kubernetes pkg/kubelet/cm/devicemanager/manager.go
+    deviceRunContainerOptions): a variable already set by an earlier answer is kept ("Skip
+    existing env"; the kubelet's order is a Go map's, here the resources' names); mounts,
+    annotations and CDI devices are all added."""
+    if not answers:
+        return None
+    envs: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    for answer in answers:
+        for key, value in answer.envs.items():
+            envs.setdefault(key, value)
+        annotations.update(answer.annotations)
+    return deviceplugin.AllocateResponse(
+        envs, tuple(m for a in answers for m in a.mounts), annotations,
+        tuple(d for a in answers for d in a.cdi_devices))
 
 
 def _kill_started(starting: concurrent.futures.Future) -> None:

@@ -54,12 +54,35 @@ def later(seconds: float) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def gpu_request(pod_spec: dict) -> int:
-    total = 0
+# The extended resources the emulated NVIDIA device plugin serves: nvidia.com/gpu and, with a
+# MIG strategy, nvidia.com/mig-<profile> (deviceplugin.advertised).
+DEVICE_RESOURCE_PREFIX = "nvidia.com/"
+
+
+def is_device_resource(name: str) -> bool:
+    return name.startswith(DEVICE_RESOURCE_PREFIX)
+
+
+def container_device_requests(container: dict) -> dict[str, int]:
+    """The container's device-plugin resources and counts (their limits: validation makes
+    requests equal them), zero counts left out."""
+    limits = (container.get("resources") or {}).get("limits") or {}
+    return {name: int(str(value)) for name, value in sorted(limits.items())
+            if is_device_resource(name) and int(str(value)) > 0}
+
+
+def device_requests(pod_spec: dict) -> dict[str, int]:
+    """The pod's device-plugin resources, summed over its containers (the scheduler's view;
+    init containers are not run by the emulator)."""
+    total: dict[str, int] = {}
     for c in pod_spec.get("containers") or []:
-        limits = (c.get("resources") or {}).get("limits") or {}
-        total += int(str(limits.get(GPU, 0)))
+        for name, count in container_device_requests(c).items():
+            total[name] = total.get(name, 0) + count
     return total
+
+
+def gpu_request(pod_spec: dict) -> int:
+    return device_requests(pod_spec).get(GPU, 0)
 
 
 class Registry:

@@ -14,7 +14,8 @@
  *   faults     one "name [gpu-index]" per line (registry: gpuprov/lab/faults.py).
  * Visible GPUs: by /dev/nvidia<minor> device nodes, or GPUPROV_SIM_CONTAINER_GPUS
  * (apply_visible_devices). GPUPROV_SIM_CONTAINER_GPUS filters and re-indexes GPUs as a container
- * given those GPUs by NVIDIA's container runtime would see them. The lab's kubelet sets it from
+ * given those GPUs by NVIDIA's container runtime would see them; a MIG device's UUID in it gives
+ * the container its parent GPU with only the MIG devices listed (mig_visible). The lab's kubelet sets it from
  * NVIDIA's rules (gpuprov/lab/toolkit_rules.py), standing in for the /dev/nvidia<N> device
  * nodes the real runtime mounts: a container's own NVIDIA_VISIBLE_DEVICES is only a request,
  * which the runtime may refuse, so the library does not read it.
@@ -192,6 +193,7 @@ struct sim_gpu {
     /* GPUPROV_SIM_CONTAINER_GPUS */
     int visible;
     unsigned int visible_index;
+    int mig_only; /* visible for its MIG devices named there, and only those */
     /* MIG: no profiles = not MIG-capable */
     unsigned int nmig_profiles, mig_boot_mode, mig_current, mig_pending, compute_slices;
     struct sim_mig_profile mig_profiles[MAX_MIG_PROFILES];
@@ -212,6 +214,9 @@ struct sim_state {
     unsigned int ngpus;
     struct sim_gpu *visible[MAX_GPUS];
     unsigned int nvisible;
+    /* The MIG device UUIDs GPUPROV_SIM_CONTAINER_GPUS names (mig_visible). */
+    char mig_tokens[MAX_GPUS * 7][96];
+    unsigned int nmig_tokens;
 };
 
 static struct sim_state S;
@@ -650,10 +655,34 @@ static int device_node_exists(const struct sim_state *st, const char *name)
            && stat(path, &sb) == 0;
 }
 
+static void mig_uuid(const struct sim_gpu *g, unsigned int gi, unsigned int ci, char *out,
+                     size_t size);
+
+/* The GPU a MIG device UUID belongs to (any GPU instance 1..7, compute instance 0..7 that
+ * could exist: UUIDs are a hash of the three), or NULL. */
+static struct sim_gpu *mig_parent(struct sim_state *st, const char *uuid)
+{
+    char buf[96];
+    for (unsigned int i = 0; i < st->ngpus; i++)
+        for (unsigned int gi = 1; gi <= 7; gi++)
+            for (unsigned int ci = 0; ci < 8; ci++) {
+                mig_uuid(&st->gpus[i], gi, ci, buf, sizeof buf);
+                if (!strcasecmp(uuid, buf))
+                    return &st->gpus[i];
+            }
+    return NULL;
+}
+
 /* Which GPUs this process sees.
  * GPUPROV_SIM_CONTAINER_GPUS set (by the lab's nvidia-container-runtime in legacy mode): "all":
- * every GPU; "", "none" or "void": none; else a comma list of indices or UUIDs. Entries that
- * match no GPU are ignored.
+ * every GPU; "", "none" or "void": none; else a comma list of indices, GPU UUIDs or MIG device
+ * UUIDs. A MIG device UUID makes its parent GPU visible with only the MIG devices the list
+ * names, as NVIDIA's container toolkit gives a container a MIG device: the parent's
+ * /dev/nvidia<minor> and the /dev/nvidia-caps access nodes of that GPU and compute instance,
+ * without which NVML does not enumerate the GPU's other MIG devices (libnvidia-container
+ * src/cli/common.c select_mig_device; NVIDIA's MIG user guide, device nodes and
+ * capabilities). Simplified: a GPU named itself (index or UUID) shows all its MIG devices.
+ * Entries that match nothing are ignored.
  * Unset: by device nodes, as the real driver (a process opens /dev/nvidia<minor> for each GPU
  * it uses): where /dev/nvidiactl exists (a lab node, whose gpuprov-sim-devices.service makes
  * the nodes, or a container given GPUs through CDI, whose spec names them), the GPUs whose
@@ -668,10 +697,12 @@ static void apply_visible_devices(struct sim_state *st)
     int all = !env || !strcmp(env, "all");
     int by_nodes = !env && device_node_exists(st, "nvidiactl");
 
+    st->nmig_tokens = 0;
     for (unsigned int i = 0; i < st->ngpus; i++) {
         char name[32];
         snprintf(name, sizeof name, "nvidia%u", st->gpus[i].minor_number);
         st->gpus[i].visible = by_nodes ? device_node_exists(st, name) : all;
+        st->gpus[i].mig_only = 0;
     }
     if (!all && strcmp(env, "none") && strcmp(env, "void") && strlen(env) < sizeof list) {
         memcpy(list, env, strlen(env) + 1);
@@ -683,9 +714,24 @@ static void apply_visible_devices(struct sim_state *st)
                     st->gpus[index].visible = 1;
                 continue;
             }
+            if (!strncasecmp(tok, "MIG-", 4)) {
+                struct sim_gpu *parent = mig_parent(st, tok);
+                if (parent && st->nmig_tokens < sizeof st->mig_tokens / sizeof *st->mig_tokens
+                    && strlen(tok) < sizeof *st->mig_tokens) {
+                    strcpy(st->mig_tokens[st->nmig_tokens++], tok);
+                    parent->mig_only = 1; /* unless the GPU is named itself: below */
+                }
+                continue;
+            }
             for (unsigned int i = 0; i < st->ngpus; i++)
                 if (!strcasecmp(tok, st->gpus[i].uuid))
                     st->gpus[i].visible = 1;
+        }
+        for (unsigned int i = 0; i < st->ngpus; i++) {
+            if (st->gpus[i].visible)
+                st->gpus[i].mig_only = 0;
+            else if (st->gpus[i].mig_only)
+                st->gpus[i].visible = 1;
         }
     }
     st->nvisible = 0;
@@ -2087,7 +2133,21 @@ API nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInst
     return NVML_SUCCESS;
 }
 
-/* MIG devices: a GPU's compute instances, in GI then CI id order. */
+/* Whether this process sees the MIG device (GPUPROV_SIM_CONTAINER_GPUS: apply_visible_devices). */
+static int mig_visible(const struct sim_gpu *g, unsigned int gi, unsigned int ci)
+{
+    char buf[96];
+    if (!g->mig_only)
+        return 1;
+    mig_uuid(g, gi, ci, buf, sizeof buf);
+    for (unsigned int i = 0; i < S.nmig_tokens; i++)
+        if (!strcasecmp(S.mig_tokens[i], buf))
+            return 1;
+    return 0;
+}
+
+/* MIG devices: a GPU's compute instances, in GI then CI id order; in a container given MIG
+ * devices, only those, re-indexed from 0 (the maximum stays the GPU's, as nvml.h defines it). */
 API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
 {
     REQUIRE_DEVICE(device, count);
@@ -2105,7 +2165,7 @@ API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsign
         return NVML_ERROR_NOT_SUPPORTED;
     for (unsigned int id = 1; id <= MAX_GI; id++)
         for (unsigned int c = 0; device->gis[id].used && c < MAX_CI; c++)
-            if (device->gis[id].cis[c].used && n++ == index) {
+            if (device->gis[id].cis[c].used && mig_visible(device, id, c) && n++ == index) {
                 *migDevice = (nvmlDevice_t)&device->gis[id].cis[c];
                 return NVML_SUCCESS;
             }

@@ -71,3 +71,39 @@ def gpus() -> list[tuple[int, str, int]]:
         return found
     finally:
         nvml.nvmlShutdown()
+
+
+def mig_devices() -> dict[str, list[tuple[int, str]]]:
+    """GPU UUID -> [(index, UUID)] of its MIG devices, for each GPU with MIG mode on, as NVML
+    enumerates them (nvmlDeviceGetMigDeviceHandleByIndex; a free slot is skipped)."""
+    nvml = _load()
+    ret = nvml.nvmlInit_v2()
+    if ret != 0:
+        raise NvmlError(f"failed to initialize NVML: error {ret}")
+    try:
+        found: dict[str, list[tuple[int, str]]] = {}
+        count = ctypes.c_uint(0)
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            raise NvmlError("failed to get device count")
+        for index in range(count.value):
+            handle = ctypes.c_void_p()
+            uuid = ctypes.create_string_buffer(96)
+            current, pending, most = ctypes.c_uint(0), ctypes.c_uint(0), ctypes.c_uint(0)
+            if (nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0
+                    or nvml.nvmlDeviceGetUUID(handle, uuid, 96) != 0):
+                continue
+            get_mode = getattr(nvml, "nvmlDeviceGetMigMode", None)
+            if (get_mode is None
+                    or get_mode(handle, ctypes.byref(current), ctypes.byref(pending)) != 0
+                    or current.value != 1
+                    or nvml.nvmlDeviceGetMaxMigDeviceCount(handle, ctypes.byref(most)) != 0):
+                continue
+            devices = found.setdefault(uuid.value.decode(), [])
+            for j in range(most.value):
+                mig, mig_uuid = ctypes.c_void_p(), ctypes.create_string_buffer(96)
+                if (nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j, ctypes.byref(mig)) == 0
+                        and nvml.nvmlDeviceGetUUID(mig, mig_uuid, 96) == 0):
+                    devices.append((j, mig_uuid.value.decode()))
+        return found
+    finally:
+        nvml.nvmlShutdown()

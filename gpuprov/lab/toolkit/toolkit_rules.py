@@ -23,22 +23,33 @@ The rules follow NVIDIA/nvidia-container-toolkit (read at v1.17/v1.18):
   (the device plugin's `cdi-cri` strategy) or `cdi.k8s.io/*` annotations (`cdi-annotations`);
   a CDI-enabled containerd resolves both itself, and they are not gated by privilege
   (NVIDIA's runtime reads the annotations only in mode `cdi`: internal/modifier/cdi.go).
-- A device name that is no index, UUID or "all" fails the container (libnvidia-container
-  src/cli/common.c `select_devices`): e.g. the plugin's volume-mounts answer
+- MIG devices (libnvidia-container src/cli/common.c `select_devices`, `select_mig_device`):
+  a MIG device is named by its UUID ("MIG-...") or "<gpu index>:<mig index>" (its index in
+  the MIG devices NVML enumerates under that GPU), and selecting it selects its parent GPU
+  too; "all" selects every GPU and every MIG device. The container gets the parent GPU's
+  device node and the /dev/nvidia-caps access nodes of the MIG device's GPU and compute
+  instance (NVIDIA's MIG user guide, "Device Nodes and Capabilities"), so NVML in it shows
+  the parent GPU with that MIG device only. `container_gpus` returns the MIG device's UUID;
+  the lab's simulated NVML reads it so (GPUPROV_SIM_CONTAINER_GPUS, simnvml.c
+  apply_visible_devices). Simplified: a GPU named itself (index or UUID) shows its MIG
+  devices too, where the real toolkit selects the GPU alone.
+- A device name that is no index, UUID, MIG index or "all" fails the container
+  (libnvidia-container src/cli/common.c `select_devices`): e.g. the plugin's volume-mounts answer
   (NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices) on a node whose toolkit does
   not accept mounts but does accept the variable.
 
 What it does not do: no device nodes, libraries or hooks are injected (the lab's simulated
 NVML reads GPUPROV_SIM_CONTAINER_GPUS instead, SIMULATION.md); CDI names are resolved by the
 GPU they name without reading the spec file, and containerd's enable_cdi is not checked (the
-lab's containerd configs are issue 18's); no MIG or IMEX devices; NVIDIA_REQUIRE_* checks
-and driver capabilities are not simulated.
+lab's containerd configs are issue 18's); no IMEX devices; NVIDIA_MIG_CONFIG_DEVICES /
+NVIDIA_MIG_MONITOR_DEVICES (the MIG management caps), NVIDIA_REQUIRE_* checks and driver
+capabilities are not simulated.
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
@@ -171,19 +182,33 @@ class UnknownDevice(ValueError):
 
 
 def container_gpus(container: Container, settings: Mapping[str, bool], node_gpus: list[str],
-                   nvidia_runtime: bool) -> list[str]:
-    """The node's GPUs (UUIDs, in node order) that the container gets. Plain runc gives none
-    by itself; CDI devices come from the CRI runtime whatever the OCI runtime is."""
+                   nvidia_runtime: bool,
+                   mig_devices: Mapping[str, Sequence[tuple[int, str]]] | None = None
+                   ) -> list[str]:
+    """The node's GPUs (UUIDs, in node order) that the container gets, each followed by the
+    MIG devices (UUIDs) it gets of that GPU; `mig_devices`: GPU UUID -> [(MIG index, MIG
+    UUID)] of the GPUs with MIG on. Plain runc gives none by itself; CDI devices come from the
+    CRI runtime whatever the OCI runtime is."""
     cdi = _cdi_names(container.cdi_devices)
     names = requested_devices(container, settings) if nvidia_runtime else cdi
     if "all" in names:
         return list(node_gpus)
+    migs = mig_devices or {}
+    by_index = {f"{i}:{j}": uuid for i, gpu in enumerate(node_gpus)
+                for j, uuid in migs.get(gpu, ())}
+    mig_uuids = set(by_index.values())
     chosen = set()
     for name in names:
         if name.isdigit() and int(name) < len(node_gpus):
             chosen.add(node_gpus[int(name)])
-        elif name in node_gpus:
+        elif name in node_gpus or name in mig_uuids:
             chosen.add(name)
+        elif name in by_index:
+            chosen.add(by_index[name])
         else:
             raise UnknownDevice(f"nvidia-container-cli: device error: {name}: unknown device")
-    return [g for g in node_gpus if g in chosen]
+    out = []
+    for gpu in node_gpus:
+        out += [gpu] if gpu in chosen else []
+        out += [uuid for _, uuid in migs.get(gpu, ()) if uuid in chosen]
+    return out

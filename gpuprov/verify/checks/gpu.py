@@ -3,7 +3,6 @@ thermal slowdown, PCIe link, MIG. One finding per node; the details name each GP
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -203,29 +202,6 @@ def _declared(facts: NodeFacts, gpus: list[Gpu]) -> dict[int, mig.GpuLayout] | s
     return {layout.index: layout for layout in layouts}
 
 
-def _mig_problem(gpu: Gpu, layout: mig.GpuLayout | None) -> str | None:
-    state = gpu.get("mig")
-    if state is None:
-        if layout is not None and layout.mig_enabled:
-            return "has no MIG, the layout wants it on"
-        return None
-    on, pending = state.get("current"), state.get("pending")
-    if on != pending:
-        return (f"MIG mode {'on' if on else 'off'}, {'on' if pending else 'off'} after a reset "
-                f"(pending): reset the GPU (nvidia-smi -r -i {gpu.get('index')}) or reboot")
-    if layout is None or layout.mig_enabled is None:
-        return None
-    if bool(on) != layout.mig_enabled:
-        return (f"MIG mode {'on' if on else 'off'}, the layout wants it "
-                f"{'on' if layout.mig_enabled else 'off'}")
-    have = collections.Counter(d.get("profile") for d in state.get("devices") or [])
-    want = collections.Counter({k: v for k, v in layout.devices.items() if v})
-    if have != want:
-        return (f"MIG devices {dict(sorted(have.items())) or 'none'}, the layout wants "
-                f"{dict(sorted(want.items())) or 'none'}")
-    return None
-
-
 @check(
     "gpu.mig",
     phase="node",
@@ -248,7 +224,8 @@ def mig_layout(facts: NodeFacts) -> Verdict:
     if not capable and not any(layout.mig_enabled for layout in declared.values()):
         return skipped("no GPU with MIG on this node")
     bad = {gpu_label(g): reason for g in gpus
-           if (reason := _mig_problem(g, declared.get(int(g.get("index") or 0)))) is not None}
+           if (reason := mig.difference(g.get("mig"), declared.get(int(g.get("index") or 0)),
+                                        g.get("index"))) is not None}
     devices = sum(len((g.get("mig") or {}).get("devices") or []) for g in capable)
     enabled = sum(1 for g in capable if (g.get("mig") or {}).get("current"))
     if bad:

@@ -101,12 +101,32 @@ def expected_resources(report: Mapping[str, Any], strategy: str) -> dict[str, in
         return {GPU_RESOURCE: len(gpus)}
     devices = [d for g in enabled for d in (g["mig"].get("devices") or [])]
     if strategy == "single":
-        return {GPU_RESOURCE: len(devices) if len(enabled) == len(gpus) else 0}
+        return {GPU_RESOURCE: 0 if single_refusal(report) else len(devices)}
     found = {GPU_RESOURCE: len(gpus) - len(enabled)}
     for device in devices:
         name = f"nvidia.com/mig-{str(device.get('profile') or '').replace('+', '.')}"
         found[name] = found.get(name, 0) + 1
     return found
+
+
+def single_refusal(report: Mapping[str, Any]) -> str | None:
+    """Why NVIDIA's device plugin refuses the node's MIG layout under the single strategy
+    (and so offers nothing), as v0.20.0's internal/rm/device_map.go does: MIG on some GPUs and
+    off on others, a GPU in MIG mode without MIG devices, more than one MIG profile. None
+    where it starts (no GPU in MIG mode included)."""
+    gpus = [g for g in (report.get("nvml") or {}).get("gpus") or [] if g.get("error") is None]
+    enabled = [g for g in gpus if (g.get("mig") or {}).get("current")]
+    if not enabled:
+        return None
+    if len(enabled) != len(gpus):
+        return f"MIG is on for {len(enabled)} of {len(gpus)} GPUs"
+    empty = [str(g.get("index")) for g in enabled if not g["mig"].get("devices")]
+    if empty:
+        return f"GPU(s) {', '.join(empty)} in MIG mode without MIG devices"
+    profiles = sorted({str(d.get("profile")) for g in enabled for d in g["mig"]["devices"]})
+    if len(profiles) > 1:
+        return f"more than one MIG profile ({', '.join(profiles)})"
+    return None
 
 
 def _quantity(resources: Mapping[str, Any] | None, name: str) -> int:
@@ -130,6 +150,11 @@ def allocatable(facts: ClusterFacts) -> Verdict:
         return skipped("no probe report for the node (see host.probe)")
     status = facts.k8s_node.get("status") or {}
     strategy = facts.node.mig_strategy
+    refusal = single_refusal(facts.report) if strategy == "single" else None
+    if refusal:
+        return problem(f"the device plugin's single MIG strategy refuses this node's MIG layout "
+                       f"({refusal}) and offers no GPU: use the mixed strategy, or one MIG "
+                       f"profile on every GPU", mig_strategy=strategy)
     expected = expected_resources(facts.report, strategy)
     offered = {name: _quantity(status.get("allocatable"), name)
                for name in sorted({*expected, *(n for n in status.get("allocatable") or {}

@@ -11,6 +11,7 @@ import re
 
 from gpuprov.verify.facts import PodFacts
 from gpuprov.verify.findings import Verdict, check, errored, passed, problem, skipped
+from gpuprov.verify.pods import GPU_RESOURCE, SmokeRun
 
 # The CUDA version in an image reference, by the two tag conventions: NVIDIA's CUDA images
 # ("nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04" -> 12.4) and "cudaX.Y" inside a framework
@@ -40,6 +41,11 @@ def _not_finished(pod) -> str:
     return f"pod {pod.name} ended {pod.phase}{why}"
 
 
+def _of(run: SmokeRun, word: str = "") -> str:
+    """" nvidia.com/mig-1g.10gb" where the pods asked for MIG devices, else ""."""
+    return f"{word} {run.resource}" if run.resource != GPU_RESOURCE else ""
+
+
 @check(
     "pods.gpu-count",
     phase="pod",
@@ -66,7 +72,8 @@ def gpu_count(facts: PodFacts) -> Verdict:
     if foreign:
         return problem(f"the pod saw GPU(s) that are not this node's: {', '.join(foreign)}",
                        **details)
-    return passed(f"asked for {run.requested}, saw exactly those {len(seen)} of this node",
+    return passed(f"asked for {run.requested}{_of(run)}, saw exactly those {len(seen)} of this "
+                  "node",
                   **details)
 
 
@@ -103,7 +110,8 @@ def isolation(facts: PodFacts) -> Verdict:
     if foreign:
         return problem(f"pods saw GPU(s) that are not this node's: {', '.join(foreign)}",
                        **details)
-    return passed(f"{len(seen)} concurrent pods, {len(owners)} different GPUs", **details)
+    return passed(f"{len(seen)} concurrent pods{_of(run, ' on')}, {len(owners)} different "
+                  f"{'MIG devices' if _of(run) else 'GPUs'}", **details)
 
 
 @check(
@@ -129,7 +137,8 @@ def batch_job(facts: PodFacts) -> Verdict:
     if len(seen) != 1 or not set(seen) <= facts.nvml_uuids:
         return problem(f"the Job completed but its pod saw {len(seen)} GPU(s), not one of "
                        "this node's", **details)
-    return passed("Job completed on 1 GPU of this node", **details)
+    return passed(f"Job completed on 1 {'MIG device' if _of(run) else 'GPU'}{_of(run, ' of')}"
+                  " of this node", **details)
 
 
 @check(

@@ -4,8 +4,14 @@ registering with it.
 The Ready condition and the not-ready taint follow the node's `node-notready` fault (the
 kubelet's node status manager, kubernetes pkg/kubelet/kubelet_node_status.go, with the node
 lifecycle controller's taint; kwok's node controller plays this part for fake nodes).
-`nvidia.com/gpu` capacity and allocatable follow the device plugin: registered while its pod
-runs on the node with NVIDIA's runtime and finds GPUs (the kubelet's device manager).
+The device plugin's resources (`nvidia.com/gpu`, and `nvidia.com/mig-<profile>` with the mixed
+MIG strategy) follow the device plugin: registered while its pod runs on the node with NVIDIA's
+runtime and finds GPUs (the kubelet's device manager). Capacity is the devices it serves (read
+when its pod started, kubelet.PluginDevices), allocatable those whose GPU NVML reports
+healthy. A resource it does not serve (any more) stays in capacity at 0, as the kubelet keeps
+an unregistered resource's capacity at 0 (kubernetes pkg/kubelet/cm/devicemanager/manager.go
+GetCapacity: deleted resources are reported with capacity 0); while no plugin is registered,
+every nvidia.com/* resource keeps its capacity with nothing allocatable.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from gpuprov.lab.kube.objects import (
     is_device_plugin,
     node_ready,
 )
-from gpuprov.lab.kube.registry import GPU, NODES, PODS
+from gpuprov.lab.kube.registry import NODES, PODS, is_device_resource
 from gpuprov.lab.kube.resources import GIT_VERSION
 from gpuprov.lab.kube.store import now
 from gpuprov.lab.toolkit import toolkit_rules
@@ -45,13 +51,19 @@ def sync_nodes(cluster: Cluster) -> None:
         status["conditions"] = conds
         capacity = dict(status.get("capacity") or {})
         allocatable = dict(status.get("allocatable") or {})
-        if plugin_registered(cluster, name, pods):
-            gpus = cluster.gpus_of(name)
-            capacity[GPU] = str(len(gpus))
-            allocatable[GPU] = str(len(kubelet.healthy_gpus()))
-        elif GPU in capacity:
+        kubelet.registered = registered_plugin(cluster, name, pods)
+        served = kubelet.served()
+        if served is not None:
+            for resource in [r for r in capacity if is_device_resource(r)]:
+                if resource not in served.resources:  # of an earlier plugin or layout
+                    capacity[resource] = allocatable[resource] = "0"
+            for resource, devices in served.resources.items():
+                capacity[resource] = str(len(devices))
+                allocatable[resource] = str(sum(map(kubelet.healthy, devices)))
+        else:
             # The kubelet keeps a resource whose plugin went away, with nothing allocatable.
-            allocatable[GPU] = "0"
+            for resource in [r for r in capacity if is_device_resource(r)]:
+                allocatable[resource] = "0"
         status["capacity"], status["allocatable"] = capacity, allocatable
         spec = copy.deepcopy(node.get("spec") or {})
         taints = [t for t in spec.get("taints") or [] if t.get("key") != NOT_READY_TAINT["key"]]
@@ -69,9 +81,10 @@ def sync_nodes(cluster: Cluster) -> None:
             registry.replace(NODES, "", name, {**node, "status": status}, "status")
 
 
-def plugin_registered(cluster: Cluster, node: str, pods: list[dict]) -> bool:
+def registered_plugin(cluster: Cluster, node: str, pods: list[dict]) -> str | None:
+    """The UID of the device plugin pod registered on the node, None while none is."""
     if "plugin-unregistered" in cluster.faults(node):
-        return False
+        return None
     kubelet = cluster.kubelets[node]
     runtime = cluster.backend.runtime(node)
     node_gpus = [g.uuid for g in cluster.gpus_of(node)]
@@ -85,11 +98,13 @@ def plugin_registered(cluster: Cluster, node: str, pods: list[dict]) -> bool:
             # initialise NVML, registers nothing.
             container = kubelet.container_view(pod, device_plugin_container(pod))
             try:
-                return bool(toolkit_rules.container_gpus(
-                    container, runtime.toolkit_settings, node_gpus, True))
+                found = toolkit_rules.container_gpus(
+                    container, runtime.toolkit_settings, node_gpus, True)
             except toolkit_rules.UnknownDevice:
-                return False
-    return False
+                return None
+            uid = pod["metadata"]["uid"]
+            return uid if found and kubelet.served(uid) is not None else None
+    return None
 
 
 def node_object(spec: NodeSpec) -> dict:

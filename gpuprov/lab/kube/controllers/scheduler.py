@@ -1,9 +1,11 @@
 """The scheduler (kube-scheduler's default profile, for what the emulated workloads use): binds
 each pending pod of the default scheduler to a ready node whose taints it tolerates, whose
-labels match its nodeSelector and required node affinity, and whose allocatable
-`nvidia.com/gpu` minus what its pods hold covers the request; among those, the most free GPUs
-(for a GPU pod), then the fewest pods, then the name. A pod that fits nowhere gets
-PodScheduled=False, Unschedulable, with the scheduler's message and a FailedScheduling event.
+labels match its nodeSelector and required node affinity, and whose allocatable minus what its
+pods hold covers each device-plugin resource the pod asks for (`nvidia.com/gpu`,
+`nvidia.com/mig-<profile>`: kube-scheduler's NodeResourcesFit for extended resources); among
+those, the most free devices of what it asks (for a device pod), then the fewest pods, then
+the name. A pod that fits nowhere gets PodScheduled=False, Unschedulable, with the scheduler's
+message ("Insufficient <resource>") and a FailedScheduling event.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from gpuprov.lab.kube.objects import (
     node_taints,
     set_condition,
 )
-from gpuprov.lab.kube.registry import GPU, NODES, PODS, gpu_request, is_terminal
+from gpuprov.lab.kube.registry import NODES, PODS, device_requests, is_terminal
 
 if TYPE_CHECKING:
     from gpuprov.lab.kube.cluster import Cluster
@@ -28,40 +30,46 @@ if TYPE_CHECKING:
 def schedule(cluster: Cluster) -> None:
     pods = cluster.registry.list(PODS)[0]
     nodes = sorted(cluster.registry.list(NODES)[0], key=lambda n: n["metadata"]["name"])
-    used: dict[str, int] = {}
+    used: dict[str, dict[str, int]] = {}
     count: dict[str, int] = {}
     for p in pods:
         node = p["spec"].get("nodeName")
         if node and not is_terminal(p):
-            used[node] = used.get(node, 0) + gpu_request(p["spec"])
+            held = used.setdefault(node, {})
+            for resource, n in device_requests(p["spec"]).items():
+                held[resource] = held.get(resource, 0) + n
             count[node] = count.get(node, 0) + 1
     for pod in pods:
         guarded(_schedule_pod, cluster, pod, nodes, used, count)
 
 
-def _schedule_pod(cluster: Cluster, pod: dict, nodes: list[dict], used: dict[str, int],
-                  count: dict[str, int]) -> None:
+def _free(node: dict, used: dict[str, int], resource: str) -> int:
+    return int((node.get("status", {}).get("allocatable") or {}).get(resource, 0)) \
+        - used.get(resource, 0)
+
+
+def _schedule_pod(cluster: Cluster, pod: dict, nodes: list[dict],
+                  used: dict[str, dict[str, int]], count: dict[str, int]) -> None:
     spec = pod["spec"]
     if (spec.get("nodeName") or is_terminal(pod)
             or pod["metadata"].get("deletionTimestamp")
             or spec.get("schedulerName", "default-scheduler") != "default-scheduler"):
         return
-    want = gpu_request(spec)
+    want = device_requests(spec)
     reasons: dict[str, int] = {}
     best = None
     for node in nodes:
         name = node["metadata"]["name"]
+        held = used.get(name, {})
         why = fits_node(spec, node)
-        if not why and want:
-            free = int((node.get("status", {}).get("allocatable") or {})
-                       .get(GPU, 0)) - used.get(name, 0)
-            if free < want:
-                why = f"Insufficient {GPU}"
+        if not why:
+            short = [r for r, n in want.items() if _free(node, held, r) < n]
+            # kube-scheduler reports each insufficient resource; one reason per node here.
+            why = f"Insufficient {short[0]}" if short else ""
         if why:
             reasons[why] = reasons.get(why, 0) + 1
             continue
-        free = int((node.get("status", {}).get("allocatable") or {}).get(GPU, 0)) \
-            - used.get(name, 0)
+        free = sum(_free(node, held, r) for r in want)
         rank = (-free if want else 0, count.get(name, 0), name)
         if best is None or rank < best[0]:
             best = (rank, name)
@@ -88,7 +96,9 @@ def _schedule_pod(cluster: Cluster, pod: dict, nodes: list[dict], used: dict[str
                           {"target": {"kind": "Node", "name": name}})
     cluster.mutate_status(pod, lambda s: s.update(conditions=set_condition(
         s.get("conditions") or [], condition("PodScheduled", True))))
-    used[name] = used.get(name, 0) + want
+    held = used.setdefault(name, {})
+    for resource, n in want.items():
+        held[resource] = held.get(resource, 0) + n
     count[name] = count.get(name, 0) + 1
     cluster.event(pod, "Scheduled", f"Successfully assigned "
                   f"{pod['metadata']['namespace']}/{pod['metadata']['name']} to {name}",
