@@ -57,10 +57,12 @@ class PodFacts:
     skipped: str | None = None  # why the node got no smoke workloads at all
     image: str | None = None  # --image, for pods.cuda-compat
 
-    @property
-    def nvml_uuids(self) -> set[str]:
+    def device_uuids(self, resource: str) -> set[str]:
+        """The UUIDs a smoke pod asking for `resource` may see: the GPUs for nvidia.com/gpu,
+        the MIG devices of that profile for nvidia.com/mig-<profile> ("+" written ".")."""
         gpus = ((self.report or {}).get("nvml") or {}).get("gpus") or []
-        # With their MIG devices: a smoke pod on MIG devices sees those.
-        mig = {d["uuid"] for g in gpus for d in (g.get("mig") or {}).get("devices") or []
-               if d.get("uuid")}
-        return {g["uuid"] for g in gpus if g.get("uuid")} | mig
+        if not resource.startswith("nvidia.com/mig-"):
+            return {g["uuid"] for g in gpus if g.get("uuid")}
+        profile = resource.removeprefix("nvidia.com/mig-")
+        return {d["uuid"] for g in gpus for d in (g.get("mig") or {}).get("devices") or []
+                if d.get("uuid") and str(d.get("profile") or "").replace("+", ".") == profile}

@@ -194,6 +194,7 @@ struct sim_gpu {
     int visible;
     unsigned int visible_index;
     int mig_only; /* visible for its MIG devices named there, and only those */
+    int mig_caps; /* its MIG devices visible by their /dev/nvidia-caps nodes (mig_visible) */
     /* MIG: no profiles = not MIG-capable */
     unsigned int nmig_profiles, mig_boot_mode, mig_current, mig_pending, compute_slices;
     struct sim_mig_profile mig_profiles[MAX_MIG_PROFILES];
@@ -697,12 +698,20 @@ static void apply_visible_devices(struct sim_state *st)
     int all = !env || !strcmp(env, "all");
     int by_nodes = !env && device_node_exists(st, "nvidiactl");
 
+    /* By device nodes, MIG devices too: a container given MIG devices through CDI has the
+     * access nodes of their GPU and compute instances under /dev/nvidia-caps and not the
+     * monitor capability (nvidia-cap2), which lets a process see every MIG device (the lab
+     * node itself, and a container with NVIDIA_MIG_MONITOR_DEVICES=all). */
+    int caps = by_nodes && device_node_exists(st, "nvidia-caps")
+               && !device_node_exists(st, "nvidia-caps/nvidia-cap2");
+
     st->nmig_tokens = 0;
     for (unsigned int i = 0; i < st->ngpus; i++) {
         char name[32];
         snprintf(name, sizeof name, "nvidia%u", st->gpus[i].minor_number);
         st->gpus[i].visible = by_nodes ? device_node_exists(st, name) : all;
         st->gpus[i].mig_only = 0;
+        st->gpus[i].mig_caps = caps;
     }
     if (!all && strcmp(env, "none") && strcmp(env, "void") && strlen(env) < sizeof list) {
         memcpy(list, env, strlen(env) + 1);
@@ -2134,9 +2143,29 @@ API nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInst
 }
 
 /* Whether this process sees the MIG device (GPUPROV_SIM_CONTAINER_GPUS: apply_visible_devices). */
+/* The minor number of a MIG access capability's device node, /dev/nvidia-caps/nvidia-cap<N>, as
+ * the driver lists them in /proc/driver/nvidia-caps/mig-minors (NVIDIA's MIG user guide,
+ * "Device Nodes and Capabilities"): config 1, monitor 2, then per GPU (by its minor number)
+ * 15 GPU instances of 9 entries each: the GI's access, then its compute instances 0..7.
+ * ci < 0: the GPU instance's own. gpuprov/lab/toolkit/nvidia-ctk numbers them the same. */
+static unsigned int mig_cap_minor(unsigned int gpu_minor, unsigned int gi, int ci)
+{
+    return 3 + gpu_minor * 15 * 9 + gi * 9 + (ci < 0 ? 0 : 1 + (unsigned int)ci);
+}
+
+static int mig_cap_exists(unsigned int minor)
+{
+    char name[48];
+    snprintf(name, sizeof name, "nvidia-caps/nvidia-cap%u", minor);
+    return device_node_exists(&S, name);
+}
+
 static int mig_visible(const struct sim_gpu *g, unsigned int gi, unsigned int ci)
 {
     char buf[96];
+    if (g->mig_caps)
+        return mig_cap_exists(mig_cap_minor(g->minor_number, gi, -1))
+               && mig_cap_exists(mig_cap_minor(g->minor_number, gi, (int)ci));
     if (!g->mig_only)
         return 1;
     mig_uuid(g, gi, ci, buf, sizeof buf);

@@ -17,6 +17,9 @@ SIM_MOUNTS = (
     ("/opt/gpuprov-sim/lib/libnvidia-ml.so.1", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
     ("/etc/gpuprov-sim", "/etc/gpuprov-sim"),
     ("/opt/gpuprov-sim/bin/nvidia-smi", "/usr/bin/nvidia-smi"),
+    # The MIG state the simulated driver keeps for the node (read-only: what a container's
+    # NVML reads of the kernel's MIG configuration).
+    ("/var/lib/gpuprov-sim/mig", "/var/lib/gpuprov-sim/mig"),
 )
 
 
@@ -73,15 +76,17 @@ def gpus() -> list[tuple[int, str, int]]:
         nvml.nvmlShutdown()
 
 
-def mig_devices() -> dict[str, list[tuple[int, str]]]:
-    """GPU UUID -> [(index, UUID)] of its MIG devices, for each GPU with MIG mode on, as NVML
-    enumerates them (nvmlDeviceGetMigDeviceHandleByIndex; a free slot is skipped)."""
+def mig_device_records() -> tuple[list[str], list[dict]]:
+    """The GPUs with MIG mode on (UUIDs), and each MIG device NVML enumerates on them:
+    {gpu_index, gpu_uuid, gpu_minor, index, uuid, gi, ci} (nvmlDeviceGetMigDeviceHandleByIndex;
+    a free slot is skipped; gi/ci: its GPU and compute instance IDs)."""
     nvml = _load()
     ret = nvml.nvmlInit_v2()
     if ret != 0:
         raise NvmlError(f"failed to initialize NVML: error {ret}")
     try:
-        found: dict[str, list[tuple[int, str]]] = {}
+        enabled: list[str] = []
+        records: list[dict] = []
         count = ctypes.c_uint(0)
         if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
             raise NvmlError("failed to get device count")
@@ -89,8 +94,10 @@ def mig_devices() -> dict[str, list[tuple[int, str]]]:
             handle = ctypes.c_void_p()
             uuid = ctypes.create_string_buffer(96)
             current, pending, most = ctypes.c_uint(0), ctypes.c_uint(0), ctypes.c_uint(0)
+            minor = ctypes.c_uint(0)
             if (nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0
-                    or nvml.nvmlDeviceGetUUID(handle, uuid, 96) != 0):
+                    or nvml.nvmlDeviceGetUUID(handle, uuid, 96) != 0
+                    or nvml.nvmlDeviceGetMinorNumber(handle, ctypes.byref(minor)) != 0):
                 continue
             get_mode = getattr(nvml, "nvmlDeviceGetMigMode", None)
             if (get_mode is None
@@ -98,12 +105,28 @@ def mig_devices() -> dict[str, list[tuple[int, str]]]:
                     or current.value != 1
                     or nvml.nvmlDeviceGetMaxMigDeviceCount(handle, ctypes.byref(most)) != 0):
                 continue
-            devices = found.setdefault(uuid.value.decode(), [])
+            enabled.append(uuid.value.decode())
             for j in range(most.value):
                 mig, mig_uuid = ctypes.c_void_p(), ctypes.create_string_buffer(96)
+                gi, ci = ctypes.c_uint(0), ctypes.c_uint(0)
                 if (nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j, ctypes.byref(mig)) == 0
-                        and nvml.nvmlDeviceGetUUID(mig, mig_uuid, 96) == 0):
-                    devices.append((j, mig_uuid.value.decode()))
-        return found
+                        and nvml.nvmlDeviceGetUUID(mig, mig_uuid, 96) == 0
+                        and nvml.nvmlDeviceGetGpuInstanceId(mig, ctypes.byref(gi)) == 0
+                        and nvml.nvmlDeviceGetComputeInstanceId(mig, ctypes.byref(ci)) == 0):
+                    records.append({"gpu_index": index, "gpu_uuid": uuid.value.decode(),
+                                    "gpu_minor": minor.value, "index": j,
+                                    "uuid": mig_uuid.value.decode(), "gi": gi.value,
+                                    "ci": ci.value})
+        return enabled, records
     finally:
         nvml.nvmlShutdown()
+
+
+def mig_devices() -> dict[str, list[tuple[int, str]]]:
+    """GPU UUID -> [(index, UUID)] of its MIG devices, for each GPU with MIG mode on, as NVML
+    enumerates them."""
+    enabled, records = mig_device_records()
+    found: dict[str, list[tuple[int, str]]] = {gpu: [] for gpu in enabled}
+    for record in records:
+        found[record["gpu_uuid"]].append((record["index"], record["uuid"]))
+    return found

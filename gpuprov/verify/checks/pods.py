@@ -41,6 +41,10 @@ def _not_finished(pod) -> str:
     return f"pod {pod.name} ended {pod.phase}{why}"
 
 
+def _noun(run: SmokeRun) -> str:
+    return "GPU(s)" if run.resource == GPU_RESOURCE else f"{run.resource} device(s)"
+
+
 def _of(run: SmokeRun, word: str = "") -> str:
     """" nvidia.com/mig-1g.10gb" where the pods asked for MIG devices, else ""."""
     return f"{word} {run.resource}" if run.resource != GPU_RESOURCE else ""
@@ -63,14 +67,16 @@ def gpu_count(facts: PodFacts) -> Verdict:
     if pod is None:
         return problem("the smoke pod was not created")
     seen = list(pod.uuids)
-    foreign = sorted(set(seen) - facts.nvml_uuids)
+    foreign = sorted(set(seen) - facts.device_uuids(run.resource))
     details = {"requested": run.requested, "seen": seen, "pod": pod.name}
     if pod.phase != "Succeeded" and not seen:
         return problem(_not_finished(pod), **details)
     if len(seen) != run.requested or len(set(seen)) != len(seen):
-        return problem(f"asked for {run.requested} GPU(s), the pod saw {len(seen)}", **details)
+        return problem(f"asked for {run.requested} {_noun(run)}, the pod saw {len(seen)}",
+                       **details)
     if foreign:
-        return problem(f"the pod saw GPU(s) that are not this node's: {', '.join(foreign)}",
+        return problem(f"the pod saw {_noun(run)} that are not this node's: "
+                       f"{', '.join(foreign)}",
                        **details)
     return passed(f"asked for {run.requested}{_of(run)}, saw exactly those {len(seen)} of this "
                   "node",
@@ -106,7 +112,7 @@ def isolation(facts: PodFacts) -> Verdict:
     if shared:
         text = "; ".join(f"{', '.join(names)} all got {uuid}" for uuid, names in shared.items())
         return problem(f"GPU shared between concurrent pods: {text}", **details)
-    foreign = sorted(set(owners) - facts.nvml_uuids)
+    foreign = sorted(set(owners) - facts.device_uuids(run.resource))
     if foreign:
         return problem(f"pods saw GPU(s) that are not this node's: {', '.join(foreign)}",
                        **details)
@@ -134,7 +140,7 @@ def batch_job(facts: PodFacts) -> Verdict:
     if not run.completed:
         why = "; ".join(_not_finished(p) for p in run.pods if p.phase != "Succeeded")
         return problem(f"the Job failed ({why or 'no pod succeeded'})", **details)
-    if len(seen) != 1 or not set(seen) <= facts.nvml_uuids:
+    if len(seen) != 1 or not set(seen) <= facts.device_uuids(run.resource):
         return problem(f"the Job completed but its pod saw {len(seen)} GPU(s), not one of "
                        "this node's", **details)
     return passed(f"Job completed on 1 {'MIG device' if _of(run) else 'GPU'}{_of(run, ' of')}"
