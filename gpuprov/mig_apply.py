@@ -71,7 +71,7 @@ def has_layout(state: dict, gpu: dict) -> bool:
             and state["devices"] == (wanted_devices(gpu) if mode else {}))
 
 
-def _gpu_instances(nv: Any, handle: Any) -> list:
+def gpu_instances(nv: Any, handle: Any) -> list:
     found = []
     for index in range(nv.NVML_GPU_INSTANCE_PROFILE_COUNT):
         try:
@@ -85,7 +85,7 @@ def _gpu_instances(nv: Any, handle: Any) -> list:
     return found
 
 
-def _compute_instances(nv: Any, gi: Any) -> list:
+def compute_instances(nv: Any, gi: Any) -> list:
     found = []
     for index in range(nv.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
         try:
@@ -102,9 +102,9 @@ def _compute_instances(nv: Any, gi: Any) -> list:
 
 def destroy_instances(nv: Any, handle: Any) -> int:
     """Compute instances first, then their GPU instances (the driver refuses the other order)."""
-    gis = _gpu_instances(nv, handle)
+    gis = gpu_instances(nv, handle)
     for gi in gis:
-        for ci in _compute_instances(nv, gi):
+        for ci in compute_instances(nv, gi):
             nv.nvmlComputeInstanceDestroy(ci)
         nv.nvmlGpuInstanceDestroy(gi)
     return len(gis)

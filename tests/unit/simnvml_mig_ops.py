@@ -21,6 +21,9 @@ import sys
 
 import pynvml as N
 
+# The MIG stage's own enumeration and teardown (compute instances, then GPU instances).
+from gpuprov import mig_apply
+
 
 def _gi_profiles(handle):
     found = {}
@@ -41,31 +44,6 @@ def _gi_profiles(handle):
             "memory_mb": info.memorySizeMB,
             "placements": [placements[i].start for i in range(count.value)]}
     return found
-
-
-def _instances(handle):
-    for index in range(N.NVML_GPU_INSTANCE_PROFILE_COUNT):
-        try:
-            info = N.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
-        except N.NVMLError_NotSupported:
-            continue
-        array = (N.c_nvmlGpuInstance_t * info.instanceCount)()
-        count = N.c_uint(0)
-        N.nvmlDeviceGetGpuInstances(handle, info.id, array, N.byref(count))
-        yield from (array[i] for i in range(count.value))
-
-
-def _compute_instances(gi):
-    for profile in range(N.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-        try:
-            info = N.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                gi, profile, N.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-        except N.NVMLError_NotSupported:
-            continue
-        array = (N.c_nvmlComputeInstance_t * info.instanceCount)()
-        count = N.c_uint(0)
-        N.nvmlGpuInstanceGetComputeInstances(gi, info.id, array, N.byref(count))
-        yield from (array[i] for i in range(count.value))
 
 
 def _create(handle, index, start=None):
@@ -108,14 +86,6 @@ def _devices(handle):
     return out
 
 
-def _destroy_all(handle):
-    for gi in list(_instances(handle)):
-        for ci in list(_compute_instances(gi)):
-            N.nvmlComputeInstanceDestroy(ci)
-        N.nvmlGpuInstanceDestroy(gi)
-    return 0
-
-
 def run(handle, op, *args):
     if op == "mode":
         return list(N.nvmlDeviceGetMigMode(handle))
@@ -132,7 +102,8 @@ def run(handle, op, *args):
         N.nvmlGpuInstanceDestroy(N.nvmlDeviceGetGpuInstanceById(handle, args[0]))
         return 0
     if op == "destroy_all":
-        return _destroy_all(handle)
+        mig_apply.destroy_instances(N, handle)
+        return 0
     if op == "devices":
         return _devices(handle)
     if op == "max_devices":

@@ -337,3 +337,35 @@ def test_a_smoke_pod_requests_the_resource_it_is_given():
     assert container["resources"]["limits"] == {"nvidia.com/mig-3g.40gb": "1"}
     with pytest.raises(GpuprovError, match="not 'amd.com/gpu'"):
         manifests.smoke_pod("p", "ns", resource="amd.com/gpu")
+
+
+def _mig_facts(runs: dict) -> PodFacts:
+    gpu = "GPU-a5667db9-3595-86d1-c399-161ebc452f28"
+    devices = [{"uuid": f"MIG-0000000{i}-1b46-5e2b-9a39-3c3c1d9d5b01", "profile": "1g.10gb"}
+               for i in range(3)] + [{"uuid": "MIG-00000009-1b46-5e2b-9a39-3c3c1d9d5b01",
+                                      "profile": "3g.40gb"}]
+    report = {"nvml": {"gpus": [{"uuid": gpu, "mig": {"current": True, "devices": devices}}]}}
+    return PodFacts(Node("gpu-hopper", None, True), report, runs)
+
+
+def test_a_mig_smoke_pod_must_see_mig_devices_of_its_profile():
+    one_g = "nvidia.com/mig-1g.10gb"
+    good = [f"MIG-0000000{i}-1b46-5e2b-9a39-3c3c1d9d5b01" for i in range(3)]
+    check = CHECKS["pods.gpu-count"].func
+    ok = pods.SmokeRun("gpu-count", 3, (pods.PodRecord("p", "Succeeded", tuple(good)),),
+                       resource=one_g)
+    verdict = check(_mig_facts({"gpu-count": ok}))
+    assert verdict.status == "pass", verdict.message
+    assert verdict.message == "asked for 3 nvidia.com/mig-1g.10gb, saw exactly those 3 of " \
+                              "this node"
+    # The parent GPU instead of its MIG devices (a runtime that gave the whole GPU), or a MIG
+    # device of another profile: not what was asked for.
+    for seen in (("GPU-a5667db9-3595-86d1-c399-161ebc452f28",) * 3,
+                 (*good[:2], "MIG-00000009-1b46-5e2b-9a39-3c3c1d9d5b01")):
+        run = pods.SmokeRun("gpu-count", 3, (pods.PodRecord("p", "Succeeded", seen),),
+                            resource=one_g)
+        verdict = check(_mig_facts({"gpu-count": run}))
+        assert verdict.status == "problem", seen
+    batch = pods.SmokeRun("batch-job", 1, (pods.PodRecord("j", "Succeeded", (
+        "GPU-a5667db9-3595-86d1-c399-161ebc452f28",)),), completed=True, resource=one_g)
+    assert CHECKS["pods.batch-job"].func(_mig_facts({"batch-job": batch})).status == "problem"
