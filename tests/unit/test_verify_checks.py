@@ -183,6 +183,10 @@ CASES = [
      "row remapping failed"),
     ("gpu-pascal", _xid(79), "gpu.xid", FAIL, "XID 79 on 0000:18:00 (GPU has fallen off"),
     ("gpu-pascal", _xid(13), "gpu.xid", PASS, "1 XID(s) in all"),
+    # Blackwell's NVLink XIDs (nverror.h 595.45.04) and the recovery action one.
+    ("gpu-hopper", _xid(145), "gpu.xid", FAIL, "XID 145 on 0000:18:00 (NVLink RLW error"),
+    ("gpu-hopper", _xid(149), "gpu.xid", FAIL, "XID 149 on 0000:18:00 (NVLink NETIR error"),
+    ("gpu-hopper", _xid(154), "gpu.xid", FAIL, "XID 154 on 0000:18:00 (GPU recovery action"),
     ("gpu-pascal", _set("kernel_log.readable", False), "gpu.xid", SKIP, "run verify as root"),
     ("gpu-pascal", _hot, "gpu.thermal", FAIL, "85 C >= slowdown 82 C"),
     ("gpu-pascal", _set("nvml.gpus.0.clock_event_reasons", {"mask": 8, "names": ["hw_slowdown"]}),

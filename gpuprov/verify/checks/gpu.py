@@ -30,6 +30,14 @@ CRITICAL_XIDS: dict[int, str] = {
     119: "GSP RPC timeout",
     120: "GSP error",
     140: "unrecovered ECC error",
+    # Blackwell's NVLink unit errors that need a GPU reset (issue 20), named as in nverror.h of
+    # NVIDIA's open-gpu-kernel-modules 595.45.04 (NVLINK_SAW_ERROR 144, NVLINK_RLW_ERROR 145,
+    # NVLINK_NETIR_ERROR 149); NVIDIA's GPU Operational Events release notes (R620) report them
+    # as GPU-NVLINK events. 146-148 and 150 (TLW, TREX, NVLPW, MSE) are not added: no source
+    # here says what they require.
+    144: "NVLink SAW error",
+    145: "NVLink RLW error",
+    149: "NVLink NETIR error",
     # GPU_RECOVERY_ACTION_CHANGED in nverror.h of NVIDIA's open-gpu-kernel-modules (R570 and
     # later): the driver says the GPU needs a reset, a drain and reset, or a node reboot.
     154: "GPU recovery action changed (reset or reboot required)",
