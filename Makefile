@@ -55,7 +55,7 @@ lab-down: venv
 	gpuprov lab down
 
 lint: venv
-	ruff check gpuprov tests plugins bench
+	ruff check gpuprov tests plugins bench scripts
 	yamllint -s .
 	ansible-lint
 

@@ -23,6 +23,12 @@ Sources (read 2026-11-26):
     (19 for 1g.5gb/1g.10gb, 20 for +me, 15, 14, 9, 5, 0; A30: 14, 21, 5, 6, 0) and the SMs of
     each compute size (A100: 14 per slice, 98 for 7g; H100/H200: 16, 32, 60, 64, 132; A30:
     14, 28, 56). The lab's simulated NVML answers with them.
+[h200] A real H200 (driver 580.159.04, 2026-11-26): `nvidia-smi mig -lgip` and `-lgipp` and
+    NVML's nvmlDeviceGetGpuInstanceProfileInfo, in tests/fixtures/real/h200-580.159.04/. Its
+    profiles, IDs, counts and placements are the table's; its 1g.35gb (one compute slice, two
+    memory slices) has 26 SMs, not a 1g's 16.
+[h100-lgip] `nvidia-smi mig -lgip` of an H100 80GB as published in jbarrow.ai/field_notes/
+    nvidia-mig (read 2026-11-26): 1g.20gb has 26 SMs, as the H200's 1g.35gb.
 """
 
 from __future__ import annotations
@@ -52,9 +58,16 @@ class MigModel:
     profiles: tuple[Profile, ...]
     balanced: Mapping[str, int]  # mig-parted's all-balanced for the model
     multiprocessors: Mapping[int, int]  # compute slices -> SMs of an instance [lgip]
+    # Profiles whose SMs are not their compute slices' (Hopper's 1g with two memory slices)
+    multiprocessors_by_profile: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)
+
+    def profile_multiprocessors(self, profile: Profile) -> int:
+        """The SMs of one instance of the profile, as nvidia-smi mig -lgip lists them."""
+        return self.multiprocessors_by_profile.get(profile.name,
+                                                   self.multiprocessors[profile.compute])
 
 
 def _eight_slice(mem1: int, mem1x2: int, mem2: int, mem3: int, mem7: int) -> tuple[Profile, ...]:
@@ -83,9 +96,9 @@ MODELS: tuple[MigModel, ...] = (
              _AMPERE_SMS),
     MigModel("H100-80GB", (0x2330, 0x2331, 0x2322, 0x2324), 7, 8,
              _eight_slice(10, 20, 20, 40, 80), {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1},
-             _HOPPER_SMS),
+             _HOPPER_SMS, {"1g.20gb": 26}),  # [h100-lgip]
     MigModel("H200-141GB", (0x2335, 0x233B), 7, 8, _eight_slice(18, 35, 35, 71, 141),
-             {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}, _HOPPER_SMS),
+             {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}, _HOPPER_SMS, {"1g.35gb": 26}),  # [h200]
     MigModel("A30-24GB", (0x20B7,), 4, 4, (
         Profile("1g.6gb", 1, 1, (0, 1, 2, 3), 4, 0, 14),
         Profile("1g.6gb+me", 1, 1, (0, 1, 2, 3), 1, 7, 21),

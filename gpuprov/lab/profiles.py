@@ -48,6 +48,9 @@ class GpuModel:
     brand: int
     sources: str
     ecc: bool = True
+    # What the driver reserves of the memory (NVML v2's "reserved", which v1 counts as used);
+    # 0 where no reading of the board is at hand.
+    memory_reserved: int = 0
 
     @property
     def hardware(self):
@@ -194,6 +197,24 @@ MODELS: dict[str, GpuModel] = {
             "81559MiB, 700 W: github.com/wilicc/gpu-burn/issues/114 (550.90.07); subsystem "
             "0x16c1, PCIe 5 x16, 72 W / 33 C idle and thresholds (T.Limit 87 C, slowdown "
             "-2, shutdown -8): a published nvidia-smi -a of driver 545.23.08",
+        ),
+        GpuModel(
+            key="h200-sxm-141gb",
+            pci_device_id=0x2335,
+            pci_subsystem_device=0x18BF,
+            memory_total=150754820096,  # 143771 MiB
+            memory_reserved=644939776,  # 615 MiB
+            pcie_max_gen=5,
+            pcie_max_width=16,
+            power_limit_w=700,
+            temp_shutdown=95,
+            temp_slowdown=89,
+            temp_gpu_max=87,
+            idle_temp=39,
+            idle_power_w=81,
+            brand=NVML_BRAND_NVIDIA,
+            sources="every value read off a real H200 by scripts/nvml_truth.py (driver "
+            "580.159.04, 2026-11-26): tests/fixtures/real/h200-580.159.04/",
         ),
         GpuModel(
             key="l4",

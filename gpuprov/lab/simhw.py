@@ -199,6 +199,7 @@ def _nvml_conf(node_name: str, profile: NodeProfile) -> str:
             f"pci_subsystem_id = 0x{gpu.pci_subsystem_id:08x}",
             f"memory_total = {m.memory_total}",
             "memory_used = 0",
+            f"memory_reserved = {m.memory_reserved}",
             f"compute_capability = {m.compute_capability}",
             f"architecture = {m.nvml_architecture}",
             f"brand = {m.brand}",
@@ -236,7 +237,7 @@ def _mig_lines(device_id: int, memory_total: int) -> list[str]:
     slice_mb = (memory_total >> 20) // model.memory_slices // 128 * 128
     profiles = ";".join(
         f"{p.nvml_index}:{p.nvml_id}:{p.name}:{p.compute}:{p.size}:{p.count}:"
-        f"{model.multiprocessors[p.compute]}:{slice_mb * p.size}:"
+        f"{model.profile_multiprocessors(p)}:{slice_mb * p.size}:"
         f"{','.join(map(str, p.starts))}" for p in model.profiles)
     return ["mig_mode = 0", f"mig_compute_slices = {model.compute_slices}",
             f"mig_profiles = {profiles}"]

@@ -45,7 +45,10 @@ Schema (schema_version 1; keys are always present, values may be null):
                     gpus [ index, error (handle failure, e.g. NVML_ERROR_GPU_IS_LOST:
                            then no other keys), name, uuid, serial, minor_number,
                            pci_bus_id "00000000:3B:00.0", pci_device_id "10de:15f8",
-                           pci_subsystem_id, memory {total, used, free} (bytes),
+                           pci_subsystem_id, memory {total, used, free, reserved}
+                           (bytes; NVML's v2 reading, as nvidia-smi's: "used"
+                           leaves out what the driver reserves; reserved None
+                           where only v1 answered, whose "used" includes it),
                            compute_capability "6.0", architecture_nvml (int),
                            architecture (GPU Feature Discovery name, e.g. "pascal"),
                            temperature {current, slowdown, shutdown} (C),

@@ -29,6 +29,7 @@ _RETIRED_DBE = 1  # NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
 _ERROR_NOT_SUPPORTED = 3
 _ERROR_NOT_FOUND = 6
 _ERROR_FUNCTION_NOT_FOUND = 13
+_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 
 # nvmlClocksEventReason* bits (called "throttle reasons" before NVML 12.2).
 CLOCK_EVENT_REASONS = (
@@ -112,6 +113,25 @@ class _Queries:
             return None
 
 
+def _memory(nv: Any, handle: Any) -> Any:
+    """nvmlDeviceGetMemoryInfo_v2 where the library has it, else v1.
+
+    v1's "used" counts the memory the driver reserves for itself: 615 MiB on an idle H200
+    (driver 580.159.04, tests/fixtures/real/), which nvidia-smi shows as "Reserved", with
+    "Used 0 MiB". v2 reports the two apart, as nvidia-smi does.
+    """
+    version = getattr(nv, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            return nv.nvmlDeviceGetMemoryInfo(handle, version=version)
+        except nv.NVMLError as exc:
+            # A driver before v2 (R510) or a library that refuses the version: v1 then.
+            if getattr(exc, "value", None) not in (_ERROR_FUNCTION_NOT_FOUND,
+                                                   _ERROR_ARGUMENT_VERSION_MISMATCH):
+                raise
+    return nv.nvmlDeviceGetMemoryInfo(handle)
+
+
 def _architecture_name(value: int | None) -> str | None:
     return None if value is None else hardware.architecture_from_nvml(value)
 
@@ -138,11 +158,13 @@ def _gpu(nv: Any, index: int) -> dict:
     gpu["pci_bus_id"] = _text(pci.busId) if pci is not None else None
     gpu["pci_device_id"] = _pci_id(pci.pciDeviceId) if pci is not None else None
     gpu["pci_subsystem_id"] = _pci_id(pci.pciSubSystemId) if pci is not None else None
-    memory = q("memory", lambda: nv.nvmlDeviceGetMemoryInfo(handle))
+    memory = q("memory", lambda: _memory(nv, handle))
     gpu["memory"] = {
         "total": memory.total if memory else None,
         "used": memory.used if memory else None,
         "free": memory.free if memory else None,
+        # None: v1 answered, whose "used" includes the reservation
+        "reserved": getattr(memory, "reserved", None) if memory else None,
     }
     capability = q("compute_capability", lambda: nv.nvmlDeviceGetCudaComputeCapability(handle))
     gpu["compute_capability"] = "{}.{}".format(*capability) if capability else None

@@ -51,7 +51,7 @@ def test_profiles_and_placements_are_the_models(library, node):
     for p in H100.profiles:
         assert found[p.name] | {"memory_mb": None} == {
             "index": p.nvml_index, "id": p.nvml_id, "slices": p.compute, "count": p.count,
-            "sms": H100.multiprocessors[p.compute], "memory_mb": None,
+            "sms": H100.profile_multiprocessors(p), "memory_mb": None,
             "placements": list(p.starts)}, p.name
     # Instance memory grows with the memory slices the profile takes.
     per_slice = found["1g.10gb"]["memory_mb"]
