@@ -44,7 +44,7 @@ from pathlib import Path
 import yaml
 
 from gpuprov.errors import GpuprovError
-from gpuprov.lab import cudarepo, image, nodefaults, pkgrepo, podman, profiles, simhw
+from gpuprov.lab import cudarepo, image, needs, nodefaults, pkgrepo, podman, profiles, simhw
 from gpuprov.lab import faults as lab_faults
 from gpuprov.lab.kube import app as kube
 from gpuprov.lab.kube import faults as kube_faults
@@ -184,6 +184,7 @@ class Lab:
 
     # -- up ------------------------------------------------------------------------------
     def up(self, node_specs: list[str] | None = None) -> LabState:
+        needs.check()  # every missing piece in one line, before anything is started
         existing = self.load()
         wanted = plan_nodes(node_specs or profiles.DEFAULT_LAB)
         if existing is not None:
