@@ -17,7 +17,7 @@ Prints, from one run:
 
     .venv/bin/python bench/site_playbook.py [--rounds N] [--keep] [--baseline REV]
 
-Downloaded packages come from the checkout's cache (.cache/apt-archives/lab), as in the tests,
+Downloaded packages come from the machine's cache (gpuprov/lab/cache.py), as in the tests,
 so the first run measures installing, not the network.
 """
 
@@ -113,7 +113,6 @@ def main() -> None:
 
 
 def run_rounds(args: argparse.Namespace, baseline: Path | None) -> None:
-    os.environ.setdefault("GPUPROV_LAB_APT_CACHE", str(REPO / ".cache" / "apt-archives" / "lab"))
     from gpuprov.lab.lab import Lab
 
     firsts: list[float] = []

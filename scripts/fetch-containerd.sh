@@ -9,14 +9,16 @@
 #
 #   scripts/fetch-containerd.sh [SUITE...]     (default: bookworm trixie unstable)
 #
-# Result: .cache/containerd/<suite>/usr/bin/containerd and .cache/containerd/cri-api/
-# (api.proto under usr/share/gocode/...). Already there: nothing is fetched.
+# Result: <cache>/containerd/<suite>/usr/bin/containerd and <cache>/containerd/cri-api/
+# (api.proto under usr/share/gocode/...), <cache> being the machine's gpuprov cache
+# (gpuprov/lab/cache.py: GPUPROV_CACHE_DIR, else $XDG_CACHE_HOME/gpuprov, else
+# ~/.cache/gpuprov), so that another clone finds them. Already there: nothing is fetched.
 # GPUPROV_DEBIAN_MIRROR overrides the archive (default http://deb.debian.org/debian).
 set -euo pipefail
 
 MIRROR=${GPUPROV_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
-CACHE=$(cd "$(dirname "$0")/.." && pwd)/.cache/containerd
+CACHE=${GPUPROV_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuprov}/containerd
 SUITES=("$@")
 [ ${#SUITES[@]} -gt 0 ] || SUITES=(bookworm trixie unstable)
 

@@ -22,7 +22,10 @@ Lab directory layout (default ./.lab, git-ignored):
                                  (pkgrepo.py), mounted read-only in every node; kept by `lab down`
     cudarepo/                    the simulated mirror of NVIDIA's CUDA repository (driver
                                  packages for debian12 and debian13: cudarepo.py), the same way
-    apt-archives/<node>/         not removed by `lab down`: downloaded .debs survive rebuilds
+
+The apt archives of the nodes (apt-archives/lab/<node>/) and the pod image's archive are kept
+in the machine's cache (gpuprov/lab/cache.py), not here: downloads survive `lab down`, a
+rebuild and another clone.
 
 Next to the inventory, `lab up` writes inventory/lab/kubeconfig for the emulated API
 (gpuprov/lab/kube/EMULATION.md).
@@ -46,6 +49,7 @@ import yaml
 from gpuprov.errors import GpuprovError
 from gpuprov.lab import cudarepo, image, needs, nodefaults, pkgrepo, podman, profiles, simhw
 from gpuprov.lab import faults as lab_faults
+from gpuprov.lab.cache import CACHE
 from gpuprov.lab.kube import app as kube
 from gpuprov.lab.kube import faults as kube_faults
 
@@ -59,8 +63,8 @@ SSH_READY_TIMEOUT = 90.0
 
 # Variables the lab sets in its inventory because a container is not a server. Each one is a
 # setting real sites may use too; there are no lab-only code paths in the roles.
-# The pod image's archive, kept between labs in the checkout, and where nodes see it.
-POD_IMAGE_CACHE = ".cache/lab-images"
+# The pod image's archive, kept between labs in the machine's cache, and where nodes see it.
+POD_IMAGE_CACHE = CACHE / "lab-images"
 POD_IMAGE_NODE_PATH = "/var/lib/gpuprov-sim/pod-image.tar"
 
 LAB_OVERRIDES: dict[str, object] = {
@@ -153,10 +157,11 @@ class Lab:
 
     @property
     def apt_cache_dir(self) -> Path:
-        # GPUPROV_LAB_APT_CACHE: the test suite's labs live in temporary directories and
-        # share one package cache in the checkout (.cache/) instead of downloading again.
+        # Every lab of this machine (the demo's, the test suite's temporary ones, another
+        # clone's) shares one package cache per node name instead of downloading again;
+        # GPUPROV_LAB_APT_CACHE puts it elsewhere.
         override = os.environ.get("GPUPROV_LAB_APT_CACHE")
-        return Path(override).resolve() if override else self.dir / "apt-archives"
+        return Path(override).resolve() if override else CACHE / "apt-archives" / "lab"
 
     def node_dir(self, name: str) -> Path:
         return self.dir / "nodes" / name
@@ -198,7 +203,7 @@ class Lab:
             wanted = have
         refs = {os_name: image.ensure_node_image(os_name)
                 for os_name in dict.fromkeys(o for _, _, o in wanted)}
-        pod_ref, pod_archive = image.ensure_pod_archive(self.project_dir / POD_IMAGE_CACHE)
+        pod_ref, pod_archive = image.ensure_pod_archive(POD_IMAGE_CACHE)
         self._ensure_ssh_key()
         library = simhw.build_nvml_library(self.dir / "nvml")
         repo = pkgrepo.build_repo(self.dir / "pkgrepo")

@@ -25,6 +25,7 @@ from pathlib import Path
 from gpuprov import mig
 from gpuprov.errors import GpuprovError
 from gpuprov.lab import faults as fault_registry
+from gpuprov.lab.cache import CACHE
 from gpuprov.lab.profiles import (
     CUDA_BY_BRANCH,
     NVIDIA_VENDOR,
@@ -83,21 +84,43 @@ BASE_FUNCTIONS = (
 
 # -- the library ----------------------------------------------------------------------------
 def build_nvml_library(out_dir: Path) -> Path:
-    """Compile the simulated NVML into out_dir (only when its source changed)."""
+    """The simulated NVML in out_dir, compiled once per machine and source (the machine's
+    cache, gpuprov/lab/cache.py, keyed by the source's and flags' hash) and copied from there:
+    every lab and test that needs it would otherwise run gcc again."""
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + "\0".join(CFLAGS).encode()).hexdigest()
     library = out_dir / LIBRARY_NAME
     stamp = out_dir / BUILD_STAMP
     if library.exists() and stamp.exists() and stamp.read_text().strip() == key:
         return library
+    built = _compiled(key)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".copy-")
+    os.close(fd)
+    try:
+        shutil.copyfile(built, tmp)
+        os.chmod(tmp, 0o755)
+        # Replaced, not rewritten: processes in the nodes that have the old one mapped keep it.
+        os.replace(tmp, library)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    stamp.write_text(key + "\n")
+    return library
+
+
+def _compiled(key: str) -> Path:
+    """The library compiled from SOURCE with CFLAGS, in the machine's cache."""
+    built = CACHE / "simnvml" / key[:16] / LIBRARY_NAME
+    if built.exists():
+        return built
     gcc = shutil.which("gcc")
     if gcc is None:
         raise GpuprovError(
             "gcc not found: the lab compiles its simulated NVML library with it; "
             "install it (apt-get install gcc) and retry"
         )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".build-")
+    built.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=built.parent, prefix=".build-")
     os.close(fd)
     try:
         proc = subprocess.run(
@@ -106,13 +129,10 @@ def build_nvml_library(out_dir: Path) -> Path:
         if proc.returncode != 0:
             first = (proc.stderr.strip().splitlines() or ["no output"])[0]
             raise GpuprovError(f"compiling the simulated NVML ({SOURCE}) failed: {first}")
-        os.chmod(tmp, 0o755)
-        # Replaced, not rewritten: processes in the nodes that have the old one mapped keep it.
-        os.replace(tmp, library)
+        os.replace(tmp, built)  # atomic: a concurrent build of the same key is the same file
     finally:
         Path(tmp).unlink(missing_ok=True)
-    stamp.write_text(key + "\n")
-    return library
+    return built
 
 
 # -- node state -----------------------------------------------------------------------------

@@ -35,8 +35,6 @@ def temporary_lab(tmp_path_factory, name: str, *up_args: str) -> Iterator[Lab]:
     if shutil.which("podman") is None:
         pytest.fail("podman is missing: run `make deps` (the lab tests need it)")
     project = tmp_path_factory.mktemp(name)
-    # Packages the nodes download survive the session's temporary labs (make test reruns).
-    os.environ.setdefault("GPUPROV_LAB_APT_CACHE", str(REPO / ".cache" / "apt-archives" / "lab"))
     assert main(["lab", "--dir", str(project), "up", *up_args]) == 0
     yield Lab(project)
     if os.environ.get("GPUPROV_KEEP_LAB") != "1":

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov.lab.cache import CACHE
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
@@ -23,6 +25,8 @@ def run_scenario(name: str, steps: tuple[str, ...]) -> None:
         "CONTAINERS_CONF": str(REPO / "gpuprov" / "lab" / "image" / "containers.conf"),
         # molecule runs ansible-playbook and ansible-config from the same environment.
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        # The scenarios mount their package caches from the machine's cache.
+        "GPUPROV_CACHE_DIR": str(CACHE),
     }
     result = subprocess.run([str(VENV_BIN / "molecule"), "test", "-s", name], cwd=REPO,
                             env=env, capture_output=True, text=True, check=False)

@@ -6,12 +6,10 @@ mounts it into the nodes."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from gpuprov.lab import pkgrepo
+from gpuprov.lab.cache import CACHE
 
-REPO = Path(__file__).resolve().parents[2]
-LAB_REPO_DIR = REPO / ".cache" / "gpuprov-lab-repo"
+LAB_REPO_DIR = CACHE / "gpuprov-lab-repo"
 
 
 def test_molecule_nvidia_container_toolkit(molecule) -> None:

@@ -3,11 +3,10 @@ node image (see molecule/nvidia_driver/). Needs podman and the image localhost/g
 
 from __future__ import annotations
 
-from pathlib import Path
+from gpuprov.lab.cache import CACHE
 
-REPO = Path(__file__).resolve().parents[2]
 # Downloaded .debs are kept here between runs (mounted at /var/cache/apt/archives).
-APT_CACHE = REPO / ".cache" / "apt-archives" / "molecule-nvidia_driver"
+APT_CACHE = CACHE / "apt-archives" / "molecule-nvidia_driver"
 
 
 def test_molecule_nvidia_driver(molecule) -> None:

@@ -20,10 +20,11 @@ import tomlkit
 import tomllib
 
 from gpuprov import runtime_config as rc
+from gpuprov.lab.cache import CONTAINERD
 from gpuprov.probe import runtime as probe_runtime
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".cache" / "containerd"
+CACHE = CONTAINERD  # scripts/fetch-containerd.sh
 FIXTURES = ROOT / "tests" / "fixtures" / "runtime" / "containerd"
 SUITES = {"bookworm": 1, "trixie": 1, "unstable": 2}  # Debian suite -> containerd major
 BINARY = "/usr/bin/nvidia-container-runtime"

@@ -8,7 +8,8 @@ import pytest
 from gpuprov import runtime_mode as rm
 from gpuprov.probe import runtime as probe_runtime
 
-# `containerd --version` of Debian 12's, Debian 13's and unstable's binaries (.cache/containerd).
+# `containerd --version` of Debian 12's, Debian 13's and unstable's binaries (fetched into the
+# machine's cache by scripts/fetch-containerd.sh).
 BOOKWORM = "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3"
 TRIXIE = "containerd github.com/containerd/containerd 1.7.24~ds1 1.7.24~ds1-6+deb13u1"
 UNSTABLE = "containerd github.com/containerd/containerd/v2 2.1.9+unknown "

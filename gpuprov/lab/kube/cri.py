@@ -4,8 +4,9 @@ Test infrastructure. A real kubelet reaches its container runtime through the CR
 `runtime.v1` gRPC API on the runtime's socket; the lab's emulated kubelet does the same, from
 the host, through the node container's root (/proc/<pid>/root/run/containerd/containerd.sock).
 The Python stubs are generated with grpcio-tools from the CRI's own `api.proto` as Debian ships
-it in `golang-k8s-cri-api-dev` (fetched by scripts/fetch-containerd.sh into .cache/containerd/
-cri-api/), once, into .cache/cri-stubs/<hash of the proto>/: generated code is not kept in git.
+it in `golang-k8s-cri-api-dev` (fetched by scripts/fetch-containerd.sh into the machine's cache,
+gpuprov/lab/cache.py), once, into <cache>/cri-stubs/<hash of the proto>/: generated code is not
+kept in git.
 
 Followed for the requests a kubelet sends: kubernetes pkg/kubelet/kuberuntime
 (kuberuntime_sandbox.go `generatePodSandboxConfig`, kuberuntime_container.go
@@ -23,18 +24,17 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuprov.errors import GpuprovError
+from gpuprov.lab.cache import CACHE, CONTAINERD
 
 if TYPE_CHECKING:
     from gpuprov.lab.kube.backend import ContainerRequest
 
-PROJECT_DIR = Path(__file__).resolve().parents[3]
-PROTO = (PROJECT_DIR / ".cache/containerd/cri-api/usr/share/gocode/src/k8s.io/cri-api/pkg/apis"
-         "/runtime/v1/api.proto")
-STUB_CACHE = PROJECT_DIR / ".cache/cri-stubs"
+PROTO = (CONTAINERD / "cri-api/usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1"
+         "/api.proto")
+STUB_CACHE = CACHE / "cri-stubs"
 SOCKET = "run/containerd/containerd.sock"
 CALL_TIMEOUT = 30.0
 # containerd's CRI states (api.proto ContainerState).
