@@ -42,8 +42,9 @@ def default_lab_backend(runtime: RuntimeConfig = NVIDIA_CONTAINERD) -> FakeBacke
 
 @contextmanager
 def running_emulator(backend: FakeBackend | None = None, state_dir: Path | None = None,
-                     tick: float = 0.1) -> Iterator[Emulator]:
-    emulator = Emulator(backend or default_lab_backend(), state_dir, tick=tick)
+                     tick: float = 0.1, heartbeat: float | None = None) -> Iterator[Emulator]:
+    emulator = Emulator(backend or default_lab_backend(), state_dir, tick=tick,
+                        heartbeat=heartbeat)
     emulator.start()
     try:
         yield emulator
