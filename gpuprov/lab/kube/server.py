@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 # 30-60 minutes; clients then re-watch from the last resourceVersion.
 DEFAULT_WATCH_SECONDS = 1800
 
+# Request bodies the emulator cannot decode: Kubernetes' protobuf and CBOR encodings.
+UNREADABLE_BODIES = ("application/vnd.kubernetes.protobuf", "application/cbor",
+                     "application/apply-patch+cbor")
+
 # pods/log: (pod, container, query) -> (text so far, container still running?)
 LogSource = Callable[[dict, str, dict], tuple[str, bool]]
 
@@ -143,6 +147,15 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         raw = self.rfile.read(length)
         ctype = self.headers.get("Content-Type", "")
+        if ctype.split(";")[0].strip() in UNREADABLE_BODIES:
+            # client-go's typed clients send built-in kinds as protobuf (kubectl create
+            # namespace|configmap|secret...); a real server reads it, the emulator does not:
+            # the 415 a real server gives a body it cannot read
+            # (apimachinery runtime.NewUnsupportedMediaTypeError), one clear line.
+            raise ApiError(415, "UnsupportedMediaType",
+                           "the body of the request was in an unknown format - accepted media "
+                           "types include: application/json, application/yaml (the lab's "
+                           "emulated API server reads no protobuf or CBOR)")
         try:
             if "yaml" in ctype:
                 return yaml.safe_load(raw)
