@@ -8,9 +8,10 @@
 # talks to the nodes' containerd through stubs generated from it (gpuprov/lab/kube/cri.py);
 # gnostic's OpenAPIv2.proto from `golang-github-google-gnostic-models-dev` (unstable): the
 # emulated API serves /openapi/v2 in the protobuf form client-go asks for
-# (gpuprov/lab/kube/openapi.py); and Debian's real `kubectl` (unstable, source `kubernetes`), the client the lab's emulated
-# API is tested with (tests/unit/test_kube_kubectl.py, tests/lab/test_lab_kubectl.py). The
-# machine's own kubectl, if any, is not used: it may be any version, or a vendor's wrapper.
+# (gpuprov/lab/kube/openapi.py); and Debian's real `kubectl` (unstable, source `kubernetes`),
+# the client the lab's emulated API is tested with (tests/unit/test_kube_kubectl.py,
+# tests/lab/test_lab_kubectl.py). The machine's own kubectl, if any, is not used: it may be any
+# version (out of skew with the emulated server), or a vendor's wrapper.
 #
 #   scripts/fetch-containerd.sh [SUITE...]     (default: bookworm trixie unstable)
 #
