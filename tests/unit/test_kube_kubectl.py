@@ -112,6 +112,10 @@ def test_get_pods_prints_ready_status_restarts_and_node(kubectl, ns):
     # The container's terminated reason, as a real server prints it.
     assert (rows["failing"]["READY"], rows["failing"]["STATUS"]) == ("0/1", "Error")
     assert set(rows["failing"]) >= {"IP", "NOMINATED NODE", "READINESS GATES"}
+    # Across namespaces and with labels, kubectl takes both from each row's object metadata.
+    everywhere = [r for r in table_rows(kubectl.out("get", "pods", "-A", "--show-labels"))
+                  if r["NAME"] == "sleeper"]
+    assert [(r["NAMESPACE"], r["LABELS"]) for r in everywhere] == [(ns, "app=sleeper")]
 
 
 def test_describe_node_shows_what_the_node_is_and_its_lease(kubectl):
