@@ -33,9 +33,11 @@ $(VENV)/.installed: pyproject.toml
 
 venv: deps $(VENV)/.installed
 
-# Debian's containerd 1.6 / 1.7 / 2.x binaries (not installed: .cache/containerd/<suite>/) for
-# the unit tests that run `containerd config dump` on the merged runtime configs, and the CRI's
-# api.proto the lab's kubelet is generated from.
+# Into the machine's cache (gpuprov/lab/cache.py), not installed: Debian's containerd 1.6 /
+# 1.7 / 2.x binaries (<cache>/containerd/<suite>/) for the unit tests that run `containerd config dump` on the merged runtime configs, the CRI's
+# api.proto the lab's kubelet is generated from, gnostic's OpenAPIv2.proto (the emulated API's
+# /openapi/v2) and Debian's kubectl (<cache>/containerd/kubectl/usr/bin/kubectl), the real
+# client the lab is tested with.
 containerd-bins:
 	@bash scripts/fetch-containerd.sh
 

@@ -5,14 +5,21 @@
 # would start a containerd on this machine. So: a throwaway apt configuration (this
 # machine's sources and lists are never touched), `apt-get download`, `dpkg-deb -x`.
 # Also the CRI's api.proto from `golang-k8s-cri-api-dev` (unstable): the lab's kubelet
-# talks to the nodes' containerd through stubs generated from it (gpuprov/lab/kube/cri.py).
+# talks to the nodes' containerd through stubs generated from it (gpuprov/lab/kube/cri.py);
+# gnostic's OpenAPIv2.proto from `golang-github-google-gnostic-models-dev` (unstable): the
+# emulated API serves /openapi/v2 in the protobuf form client-go asks for
+# (gpuprov/lab/kube/openapi.py); and Debian's real `kubectl` (unstable, source `kubernetes`),
+# the client the lab's emulated API is tested with (tests/unit/test_kube_kubectl.py,
+# tests/lab/test_lab_kubectl.py). The machine's own kubectl, if any, is not used: it may be any
+# version (out of skew with the emulated server), or a vendor's wrapper.
 #
 #   scripts/fetch-containerd.sh [SUITE...]     (default: bookworm trixie unstable)
 #
-# Result: <cache>/containerd/<suite>/usr/bin/containerd and <cache>/containerd/cri-api/
-# (api.proto under usr/share/gocode/...), <cache> being the machine's gpuprov cache
-# (gpuprov/lab/cache.py: GPUPROV_CACHE_DIR, else $XDG_CACHE_HOME/gpuprov, else
-# ~/.cache/gpuprov), so that another clone finds them. Already there: nothing is fetched.
+# Result, in <cache>/containerd/ (<cache> being the machine's gpuprov cache,
+# gpuprov/lab/cache.py: GPUPROV_CACHE_DIR, else $XDG_CACHE_HOME/gpuprov, else ~/.cache/gpuprov,
+# so that another clone finds them): <suite>/usr/bin/containerd, cri-api/ and gnostic/ (the
+# .proto files under usr/share/gocode/...) and kubectl/usr/bin/kubectl.
+# Already there: nothing is fetched.
 # GPUPROV_DEBIAN_MIRROR overrides the archive (default http://deb.debian.org/debian).
 set -euo pipefail
 
@@ -38,6 +45,11 @@ fetch_deb() {
         -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache"
         -o "Dir::Etc::preferences=/dev/null" -o "Dir::Etc::preferencesparts=-"
         -o "APT::Sandbox::User=root")
+    # The machine's installed packages must not pick the version: an installed package of
+    # the same name with a higher version (a vendor's `kubectl`, epoch 1:528) would be the
+    # candidate, and apt-get download finds it in no source.
+    apt+=(-o "Dir::State::status=$work/status")
+    : >"$work/status"
     local log=$work/apt.log
     # apt-get update exits 0 when an index cannot be fetched; its log says so.
     if ! "${apt[@]}" update >"$log" 2>&1 || grep -qE '^(E|W): Failed to fetch' "$log"; then
@@ -68,16 +80,32 @@ fetch() {
     echo "containerd $suite: $("$dest/usr/bin/containerd" --version | awk '{print $3}') ($(cat "$dest/DEB")) $dest/usr/bin/containerd"
 }
 
-fetch_cri_api() {
-    local dest=$CACHE/cri-api proto=usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto
-    if [ -s "$dest/$proto" ]; then
-        echo "CRI api.proto: (cached) $dest/$proto"
+# fetch_file LABEL PACKAGE FILE DEST: one file of an unstable package (its whole tree, under
+# DEST), the cache hit being that file.
+fetch_file() {
+    local label=$1 package=$2 file=$3 dest=$CACHE/$4
+    if [ -s "$dest/$file" ]; then
+        echo "$label: (cached) $dest/$file"
         return
     fi
-    fetch_deb unstable golang-k8s-cri-api-dev "$dest"
-    [ -s "$dest.tmp/$proto" ] || fail "$(cat "$dest.tmp/DEB") has no $proto"
+    rm -rf "$dest.tmp"
+    fetch_deb unstable "$package" "$dest"
+    [ -s "$dest.tmp/$file" ] || fail "$(cat "$dest.tmp/DEB") has no $file"
     mv "$dest.tmp" "$dest"
-    echo "CRI api.proto: ($(cat "$dest/DEB")) $dest/$proto"
+    echo "$label: ($(cat "$dest/DEB")) $dest/$file"
+}
+
+fetch_kubectl() {
+    local dest=$CACHE/kubectl bin=usr/bin/kubectl
+    if "$dest/$bin" version --client >/dev/null 2>&1; then
+        echo "kubectl: $("$dest/$bin" version --client | awk '/^Client Version/ {print $3}') (cached) $dest/$bin"
+        return
+    fi
+    fetch_deb unstable kubectl "$dest"
+    "$dest.tmp/$bin" version --client >/dev/null 2>&1 \
+        || fail "unstable: kubectl from $(cat "$dest.tmp/DEB") does not run here"
+    mv "$dest.tmp" "$dest"
+    echo "kubectl: $("$dest/$bin" version --client | awk '/^Client Version/ {print $3}') ($(cat "$dest/DEB")) $dest/$bin"
 }
 
 command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
@@ -87,5 +115,10 @@ for suite in "${SUITES[@]}"; do
     rm -rf "$CACHE/$suite.tmp"
     fetch "$suite"
 done
-fetch_cri_api
+fetch_file "CRI api.proto" golang-k8s-cri-api-dev \
+    usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto cri-api
+fetch_file "OpenAPI v2 proto" golang-github-google-gnostic-models-dev \
+    usr/share/gocode/src/github.com/google/gnostic-models/openapiv2/OpenAPIv2.proto gnostic
+rm -rf "$CACHE/kubectl.tmp"
+fetch_kubectl
 rmdir "$CACHE/.apt" 2>/dev/null || true

@@ -29,9 +29,12 @@ START_TIMEOUT = 30.0
 
 class Emulator:
     def __init__(self, backend: NodeBackend, state_dir: Path | None = None,
-                 host: str = "127.0.0.1", port: int = 0, tick: float | None = None) -> None:
+                 host: str = "127.0.0.1", port: int = 0, tick: float | None = None,
+                 heartbeat: float | None = None) -> None:
         self.registry = Registry(Store())
-        kwargs = {} if tick is None else {"tick": tick}
+        kwargs: dict[str, float] = {} if tick is None else {"tick": tick}
+        if heartbeat is not None:
+            kwargs["heartbeat"] = heartbeat
         self.cluster = Cluster(self.registry, backend, state_dir, **kwargs)
         self.server = ApiServer(self.registry, host, port, logs=self.cluster.pod_logs)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import posixpath
 import subprocess
 import sys
@@ -60,6 +59,37 @@ class NodeSpec:
     name: str
     cpu: str = "8"
     memory: str = "32Gi"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What a kubelet reads on its node for the Node's status.nodeInfo: the kernel release,
+    /etc/os-release PRETTY_NAME, /proc/sys/kernel/random/boot_id, /etc/machine-id,
+    /sys/class/dmi/id/product_uuid (cadvisor's machine info) and the runtime's CRI Version
+    answer as `<runtime name>://<runtime version>` (kubernetes pkg/kubelet/nodestatus/setters.go
+    MachineInfo, VersionInfo)."""
+
+    os_image: str
+    kernel_version: str
+    container_runtime_version: str
+    boot_id: str
+    machine_id: str = ""
+    system_uuid: str = ""
+
+
+def read_node_info(root: str, runtime_version: str) -> NodeInfo:
+    """NodeInfo from a node's files below `root`, read by gpuprov's own probe (the same reader
+    `gpuprov probe` runs on the node: gpuprov.probe.host)."""
+    from gpuprov.probe.fs import Root
+    from gpuprov.probe.host import collect_host
+
+    node = Root(root)
+    host = collect_host(node)
+    return NodeInfo(
+        os_image=(host["os"] or {}).get("pretty_name") or "", kernel_version=host["kernel"] or "",
+        container_runtime_version=runtime_version, boot_id=host["boot_id"] or "",
+        machine_id=node.read_line("/etc/machine-id") or "",
+        system_uuid=node.read_line("/sys/class/dmi/id/product_uuid") or "")
 
 
 @dataclass(frozen=True)
@@ -127,6 +157,9 @@ class Process(Protocol):
 
 class NodeBackend(Protocol):
     def nodes(self) -> list[NodeSpec]: ...
+    def node_info(self, node: str) -> NodeInfo | None:
+        """What the node's kubelet reads on it now; None while the node is not running (its
+        kubelet posts nothing and renews no lease)."""
     def gpus(self, node: str) -> list[Gpu] | None:
         """GPUs NVML enumerates on the node (None: NVML does not initialise)."""
     def runtime(self, node: str) -> RuntimeConfig: ...
@@ -227,11 +260,17 @@ def runtime_from_probe(report: dict) -> RuntimeConfig:
 
 # -- the fake backend (unit tests) --------------------------------------------------------------
 
+# A FakeNode's containerRuntimeVersion: its containers are local processes, no runtime.
+FAKE_RUNTIME_VERSION = "fake://0"
+
+
 @dataclass
 class FakeNode:
     gpus: list[Gpu] | None = field(default_factory=list)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     spec: NodeSpec | None = None
+    info: NodeInfo | None = None  # None: this machine's own (read_node_info of "/")
+    running: bool = True  # False: the node is down (no node info, no lease renewal)
 
 
 class FakeBackend:
@@ -253,6 +292,12 @@ class FakeBackend:
 
     def gpus(self, node: str) -> list[Gpu] | None:
         return self.node_map[node].gpus
+
+    def node_info(self, node: str) -> NodeInfo | None:
+        fake = self.node_map[node]
+        if not fake.running:
+            return None
+        return fake.info or read_node_info("/", FAKE_RUNTIME_VERSION)
 
     def runtime(self, node: str) -> RuntimeConfig:
         return self.node_map[node].runtime
@@ -374,6 +419,7 @@ class LabBackend:
         self._sandboxes: dict[tuple[str, str], str] = {}  # (node, pod UID) -> sandbox ID
         self._pod_locks: dict[tuple[str, str], threading.Lock] = {}
         self._collected: dict[str, float] = {}
+        self._runtime_names: dict[str, str] = {}  # node -> runtime name of its last CRI Version
 
     def nodes(self) -> list[NodeSpec]:
         # A node container sees the host's CPUs and memory, and so would a kubelet in it.
@@ -446,6 +492,27 @@ class LabBackend:
         """The node container's root directory as the host sees it, None while it is stopped."""
         pid = self._init_pid(node)
         return None if pid is None else f"/proc/{pid}/root"
+
+    def node_info(self, node: str) -> NodeInfo | None:
+        """The node's files through its container's root, and its containerd's answer to the
+        CRI Version call. A runtime that does not answer is `<name>://Unknown`, as the kubelet
+        reports it (setters.go VersionInfo), with the name it answered with last. The boot ID is
+        the kernel's, which every container on a host shares: restarting a node container does
+        not change it, as no kernel boots."""
+        root = self._node_root(node)
+        if root is None:
+            return None
+        name = self._runtime_names.get(node, "containerd")
+        try:
+            client, _ = self._client(node)
+            name, version = client.version()
+            self._runtime_names[node] = name
+        except (StartError, cri.CriError):
+            version = "Unknown"
+        try:
+            return read_node_info(root, f"{name}://{version}")
+        except OSError:  # the container stopped while it was read
+            return None
 
     def runtime(self, node: str) -> RuntimeConfig:
         """What the production probe's runtime section (gpuprov.probe.runtime) reads in the
@@ -645,6 +712,3 @@ class CriContainer:
             _in_background(lambda cid: self._client.stop_container(cid, KILL_GRACE_SECONDS),
                            self.container_id)
 
-
-def host_kernel() -> str:
-    return platform.release()

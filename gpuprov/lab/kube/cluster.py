@@ -53,11 +53,13 @@ CONTROLLERS = (nodes.sync_nodes, daemonsets.sync_daemonsets, jobs.sync_jobs,
 
 class Cluster:
     def __init__(self, registry: Registry, backend: NodeBackend,
-                 state_dir: Path | None = None, tick: float = TICK_SECONDS) -> None:
+                 state_dir: Path | None = None, tick: float = TICK_SECONDS,
+                 heartbeat: float = nodes.HEARTBEAT_SECONDS) -> None:
         self.registry = registry
         self.backend = backend
         self.state_dir = state_dir
         self.tick = tick
+        self.heartbeat = heartbeat  # how often kubelets read their nodes and renew leases
         self.kubelets = {spec.name: Kubelet(self, spec) for spec in backend.nodes()}
         self.starters = concurrent.futures.ThreadPoolExecutor(STARTERS, "container-start")
         self._thread: threading.Thread | None = None
@@ -82,7 +84,8 @@ class Cluster:
                                    "from their current node."})
         for kubelet in self.kubelets.values():
             if reg.find(NODES, "", kubelet.name) is None:
-                reg.create(NODES, "", nodes.node_object(kubelet.spec))
+                reg.create(NODES, "", nodes.node_object(
+                    kubelet.spec, self.backend.node_info(kubelet.name)))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="kube-controllers", daemon=True)

@@ -5,8 +5,7 @@ Test infrastructure. A real kubelet reaches its container runtime through the CR
 the host, through the node container's root (/proc/<pid>/root/run/containerd/containerd.sock).
 The Python stubs are generated with grpcio-tools from the CRI's own `api.proto` as Debian ships
 it in `golang-k8s-cri-api-dev` (fetched by scripts/fetch-containerd.sh into the machine's cache,
-gpuprov/lab/cache.py), once, into <cache>/cri-stubs/<hash of the proto>/: generated code is not
-kept in git.
+gpuprov/lab/cache.py), once (protostubs.py): generated code is not kept in git.
 
 Followed for the requests a kubelet sends: kubernetes pkg/kubelet/kuberuntime
 (kuberuntime_sandbox.go `generatePodSandboxConfig`, kuberuntime_container.go
@@ -18,62 +17,28 @@ Not done: CNI (every pod sandbox uses the node's network, as hostNetwork pods do
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import os
-import subprocess
-import sys
-import threading
 from typing import TYPE_CHECKING
 
-from gpuprov.errors import GpuprovError
-from gpuprov.lab.cache import CACHE, CONTAINERD
+from gpuprov.lab.cache import CONTAINERD
+from gpuprov.lab.kube import protostubs
 
 if TYPE_CHECKING:
     from gpuprov.lab.kube.backend import ContainerRequest
 
 PROTO = (CONTAINERD / "cri-api/usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1"
          "/api.proto")
-STUB_CACHE = CACHE / "cri-stubs"
 SOCKET = "run/containerd/containerd.sock"
 CALL_TIMEOUT = 30.0
+# The Version call is made from the controllers' thread: a runtime that hangs must not stop it.
+VERSION_TIMEOUT = 5.0
 # containerd's CRI states (api.proto ContainerState).
 CONTAINER_RUNNING = 1
 CONTAINER_EXITED = 2
 
-_lock = threading.Lock()
-_modules: tuple | None = None
-
 
 def stubs() -> tuple:
     """(api_pb2, api_pb2_grpc), generated from api.proto on first use."""
-    global _modules
-    with _lock:
-        if _modules is None:
-            _modules = _load_stubs()
-        return _modules
-
-
-def _load_stubs() -> tuple:
-    if not PROTO.is_file():
-        raise GpuprovError(f"the CRI api.proto is missing ({PROTO}): run `make containerd-bins`")
-    out = STUB_CACHE / hashlib.sha256(PROTO.read_bytes()).hexdigest()[:12]
-    if not (out / "api_pb2_grpc.py").is_file():
-        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        tmp.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(
-            [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO.parent}",
-             f"--python_out={tmp}", f"--grpc_python_out={tmp}", str(PROTO)],
-            capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise GpuprovError(f"generating the CRI stubs failed: {proc.stderr.strip()[-300:]}")
-        if out.exists():  # another process was quicker
-            subprocess.run(["rm", "-rf", str(tmp)], check=False)
-        else:
-            tmp.rename(out)
-    if str(out) not in sys.path:
-        sys.path.insert(0, str(out))
-    return importlib.import_module("api_pb2"), importlib.import_module("api_pb2_grpc")
+    return protostubs.load(PROTO, "api_pb2", "api_pb2_grpc", grpc=True)
 
 
 class CriError(RuntimeError):
@@ -116,11 +81,19 @@ class Client:
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, method, request):  # noqa: ANN001 - generated stub types
+    def _call(self, method, request, timeout: float = CALL_TIMEOUT):  # noqa: ANN001
         try:
-            return method(request, timeout=CALL_TIMEOUT)
+            return method(request, timeout=timeout)
         except self._grpc.RpcError as exc:
             raise CriError(exc.code().name, exc.details() or str(exc.code())) from None
+
+    def version(self) -> tuple[str, str]:
+        """(runtime name, runtime version) as the runtime answers the CRI Version call: a
+        kubelet reports them as nodeInfo.containerRuntimeVersion `<name>://<version>`
+        (kubernetes pkg/kubelet/nodestatus/setters.go VersionInfo)."""
+        answer = self._call(self.runtime.Version, self.pb.VersionRequest(version="v1"),
+                            VERSION_TIMEOUT)
+        return answer.runtime_name, answer.runtime_version
 
     def image_present(self, image: str) -> bool:
         pb = self.pb

@@ -28,6 +28,7 @@ from gpuprov.lab.kube import deviceplugin, selectors
 from gpuprov.lab.kube.backend import (
     ContainerRequest,
     NodeBackend,
+    NodeInfo,
     NodeSpec,
     Process,
     StartError,
@@ -125,6 +126,9 @@ class Kubelet:
         # (set by the nodes controller at each pass, None while none is).
         self.plugins: dict[str, PluginDevices] = {}
         self.registered: str | None = None
+        # The node as this kubelet last read it, and when (controllers/nodes.py heartbeat).
+        self.node_info: NodeInfo | None = None
+        self.heartbeat_at = float("-inf")
 
     @property
     def backend(self) -> NodeBackend:

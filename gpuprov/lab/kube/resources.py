@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The Kubernetes version emulated: discovery, /version and schema validation all use it.
-KUBE_VERSION = "1.33"
-GIT_VERSION = "v1.33.0"
+KUBE_VERSION = "1.36"
+GIT_VERSION = "v1.36.0"
 
 ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 NAMESPACE_VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")

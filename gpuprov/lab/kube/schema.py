@@ -22,11 +22,21 @@ from referencing import Registry, Resource
 from gpuprov.lab.kube.resources import KUBE_VERSION
 
 SCHEMA_DIR = f"v{KUBE_VERSION}.0-local-strict"
+# The same schemas without the strict variant's additionalProperties:false, which the API
+# server's published OpenAPI documents do not have (openapi.py rebuilds those from them).
+PUBLISHED_SCHEMA_DIR = f"v{KUBE_VERSION}.0-local"
 
 
-def _schema_file(name: str) -> dict:
+def _schema_file(name: str, directory: str = SCHEMA_DIR) -> dict:
     root = importlib_resources.files(kubernetes_validate)
-    return json.loads(root.joinpath("kubernetes-json-schema", SCHEMA_DIR, name).read_text())
+    return json.loads(root.joinpath("kubernetes-json-schema", directory, name).read_text())
+
+
+@functools.cache
+def published_definitions() -> dict[str, dict]:
+    """Every definition of the emulated version's OpenAPI, by name
+    (io.k8s.api.core.v1.Pod, ...), as kubernetes-validate converted them to JSON Schema."""
+    return _schema_file("_definitions.json", PUBLISHED_SCHEMA_DIR)["$defs"]
 
 
 @functools.cache

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
-from gpuprov.lab.kube import resources, selectors
+from gpuprov.lab.kube import openapi, printers, resources, selectors
 from gpuprov.lab.kube.errors import ApiError
 from gpuprov.lab.kube.registry import PODS, Registry
 from gpuprov.lab.kube.resources import ResourceType
@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 # A watch without timeoutSeconds ends after this long, as a real server ends it after a random
 # 30-60 minutes; clients then re-watch from the last resourceVersion.
 DEFAULT_WATCH_SECONDS = 1800
+
+# Request bodies the emulator cannot decode: Kubernetes' protobuf and CBOR encodings.
+UNREADABLE_BODIES = ("application/vnd.kubernetes.protobuf", "application/cbor",
+                     "application/apply-patch+cbor")
 
 # pods/log: (pod, container, query) -> (text so far, container still running?)
 LogSource = Callable[[dict, str, dict], tuple[str, bool]]
@@ -101,10 +105,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
     def _send_json(self, code: int, doc: Any) -> None:
-        data = json.dumps(doc, separators=(",", ":")).encode()
+        self._send_bytes(code, json.dumps(doc, separators=(",", ":")).encode(),
+                         "application/json")
+
+    def _send_bytes(self, code: int, data: bytes, content_type: str,
+                    headers: dict[str, str] | None = None) -> None:
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
         self.end_headers()
         self.wfile.write(data)
 
@@ -137,6 +147,15 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         raw = self.rfile.read(length)
         ctype = self.headers.get("Content-Type", "")
+        if ctype.split(";")[0].strip() in UNREADABLE_BODIES:
+            # client-go's typed clients send built-in kinds as protobuf (kubectl create
+            # namespace|configmap|secret...); a real server reads it, the emulator does not:
+            # the 415 a real server gives a body it cannot read
+            # (apimachinery runtime.NewUnsupportedMediaTypeError), one clear line.
+            raise ApiError(415, "UnsupportedMediaType",
+                           "the body of the request was in an unknown format - accepted media "
+                           "types include: application/json, application/yaml (the lab's "
+                           "emulated API server reads no protobuf or CBOR)")
         try:
             if "yaml" in ctype:
                 return yaml.safe_load(raw)
@@ -164,6 +183,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self, method: str, path: str, query: dict, body: Any) -> None:
         parts = [p for p in path.split("/") if p]
+        if method == "GET" and parts[:1] == ["openapi"]:
+            self._openapi(parts[1:], query)
+            return
         if method == "GET" and self._serve_discovery(parts):
             return
         rt, namespace, name, sub = self._resolve(*_api_path(parts))
@@ -198,9 +220,72 @@ class _Handler(BaseHTTPRequestHandler):
         elif sub == "log":
             self._log(namespace or "", name, query)
         elif name:
-            self._send_json(200, self.server.api.registry.get(rt, namespace or "", name))
+            obj = self.server.api.registry.get(rt, namespace or "", name)
+            if not self._send_table(rt, [obj], obj["metadata"]["resourceVersion"], query):
+                self._send_json(200, obj)
         else:
             self._list(rt, namespace, query)
+
+    # -- server-side printing and OpenAPI ------------------------------------------------------
+    def _table_version(self, rt: ResourceType) -> str | None:
+        """The meta.k8s.io Table version the client accepts first, when it prefers a Table
+        and the kind has a printer (printers.py); None: answer the object or list itself.
+        Accept clauses are taken in the client's order, as kubectl lists them
+        (`...;as=Table;v=v1;g=meta.k8s.io, ...;as=Table;v=v1beta1;g=meta.k8s.io,
+        application/json`)."""
+        for clause in self.headers.get("Accept", "").split(","):
+            media, *params = (p.strip() for p in clause.split(";"))
+            options = dict(p.partition("=")[::2] for p in params)
+            if options.get("as") == "Table":
+                if (options.get("g") == "meta.k8s.io" and options.get("v") in ("v1", "v1beta1")
+                        and printers.has_printer(rt)):
+                    return options["v"]
+                continue
+            if media in ("application/json", "application/*", "*/*", ""):
+                return None
+        return None
+
+    def _send_table(self, rt: ResourceType, items: list[dict], rv: str, query: dict) -> bool:
+        version = self._table_version(rt)
+        if version is None:
+            return False
+        include = query.get("includeObject", "")
+        if include not in ("", "Object", "Metadata", "None"):
+            raise ApiError.bad_request(f'unrecognized includeObject value: "{include}"')
+        self._send_json(200, printers.table(rt, items, rv, include, version,
+                                            query.get("noHeaders") == "true"))
+        return True
+
+    def _openapi(self, parts: list[str], query: dict) -> None:
+        """/openapi/v2 (JSON or protobuf, by Accept), /openapi/v3 (discovery) and
+        /openapi/v3/<group-version>, as kube-openapi's handlers serve them (pkg/handler,
+        pkg/handler3): ETags of the content, and a v3 document asked for with an old `hash`
+        redirected to the current one."""
+        if parts == ["v2"]:
+            if any(t in self.headers.get("Accept", "") for t in openapi.V2_PROTOBUF_ACCEPT):
+                data, ctype = openapi.v2_protobuf(), openapi.V2_PROTOBUF_TYPE
+            else:
+                data, ctype = openapi.document_bytes("v2") or b"", "application/json"
+            self._send_bytes(200, data, ctype, {"ETag": f'"{openapi.etag(data)}"',
+                                                "Vary": "Accept"})
+            return
+        if parts == ["v3"]:
+            self._send_json(200, openapi.v3_discovery())
+            return
+        name = "/".join(parts[1:])
+        data = openapi.document_bytes(name) if parts[:1] == ["v3"] and name != "v2" else None
+        if data is None:
+            _not_found()
+        tag = openapi.etag(data)
+        headers = {"ETag": f'"{tag}"', "Vary": "Accept"}
+        wanted = query.get("hash")
+        if wanted and wanted != tag:
+            self._send_bytes(301, b"", "text/plain",
+                             {"Location": f"/openapi/v3/{name}?hash={tag}"})
+            return
+        if wanted:
+            headers["Cache-Control"] = "public, immutable"
+        self._send_bytes(200, data, "application/json", headers)
 
     def _post(self, rt: ResourceType, namespace: str, name: str, sub: str, query: dict,
               body: Any) -> None:
@@ -280,6 +365,8 @@ class _Handler(BaseHTTPRequestHandler):
                                                   query.get("fieldSelector"))
         items = sorted(items, key=lambda o: (o["metadata"].get("namespace", ""),
                                              o["metadata"]["name"]))
+        if self._send_table(rt, items, str(rv), query):
+            return
         self._send_json(200, {"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
                               "metadata": {"resourceVersion": str(rv)}, "items": items})
 
@@ -288,8 +375,11 @@ class _Handler(BaseHTTPRequestHandler):
         visible = _watch_filter(rt, namespace, name, query)
         timeout = float(query.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
         deadline = time.monotonic() + timeout
+        initial = _send_initial_events(query)
         cursor, lines = _watch_start(store, rt, namespace, visible,
-                                     query.get("resourceVersion") or "")
+                                     query.get("resourceVersion") or "", initial)
+        if initial:
+            lines.append(_initial_events_end(rt, cursor))
         self._start_chunked("application/json")
         while True:
             for line in lines:
@@ -377,13 +467,45 @@ def _watch_filter(rt: ResourceType, namespace: str | None, name: str,
     return visible
 
 
+def _send_initial_events(query: dict) -> bool:
+    """A watch-list request (KEP-3157 "streaming lists", which client-go 1.36 informers and
+    `kubectl wait` use): the current objects as ADDED events, then a BOOKMARK that marks their
+    end, then the changes. The query is checked as apimachinery's validateWatchOptions does
+    (pkg/apis/meta/internalversion/validation/validation.go)."""
+    sending = query.get("sendInitialEvents")
+    match = query.get("resourceVersionMatch")
+    if sending is None:
+        if match:
+            raise ApiError.invalid("", "ListOptions", "", [(
+                "FieldValueForbidden", "resourceVersionMatch", "Forbidden: resourceVersionMatch "
+                "is forbidden for watch unless sendInitialEvents is provided")])
+        return False
+    if match != "NotOlderThan":
+        raise ApiError.invalid("", "ListOptions", "", [(
+            "FieldValueForbidden", "resourceVersionMatch", "Forbidden: sendInitialEvents "
+            "requires setting resourceVersionMatch to NotOlderThan")])
+    return sending in ("true", "1")
+
+
+def _initial_events_end(rt: ResourceType, cursor: int) -> dict:
+    """The BOOKMARK that ends a watch-list's initial events: an object of the kind with only
+    its resourceVersion and the k8s.io/initial-events-end annotation
+    (apimachinery pkg/apis/meta/v1/types.go InitialEventsAnnotationKey)."""
+    return {"type": "BOOKMARK", "object": {
+        "kind": rt.kind, "apiVersion": rt.api_version,
+        "metadata": {"resourceVersion": str(cursor),
+                     "annotations": {"k8s.io/initial-events-end": "true"}}}}
+
+
 def _watch_start(store: Store, rt: ResourceType, namespace: str | None,
-                 visible: Callable[[dict | None], bool], since: str) -> tuple[int, list[dict]]:
+                 visible: Callable[[dict | None], bool], since: str,
+                 initial: bool = False) -> tuple[int, list[dict]]:
     """Where a watch starts (a resourceVersion) and its first lines: without a version (or
-    with "0"), an ADDED event for every object in the selection now."""
+    with "0"), or with sendInitialEvents (`initial`: the state now, which is not older than any
+    version asked for), an ADDED event for every object in the selection now."""
     lines: list[dict] = []
     with store.lock:
-        if since in ("", "0"):
+        if since in ("", "0") or initial:
             cursor = store.resource_version
             for obj in store.list(rt, namespace, visible)[0]:
                 lines.append({"type": "ADDED", "object": obj})

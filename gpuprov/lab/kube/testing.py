@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from gpuprov.lab.kube.app import Emulator
+from gpuprov.lab.cache import CONTAINERD
+from gpuprov.lab.kube.app import Emulator, write_kubeconfig
 from gpuprov.lab.kube.backend import FakeBackend, FakeNode, Gpu, RuntimeConfig
 
 T = TypeVar("T")
@@ -42,8 +45,9 @@ def default_lab_backend(runtime: RuntimeConfig = NVIDIA_CONTAINERD) -> FakeBacke
 
 @contextmanager
 def running_emulator(backend: FakeBackend | None = None, state_dir: Path | None = None,
-                     tick: float = 0.1) -> Iterator[Emulator]:
-    emulator = Emulator(backend or default_lab_backend(), state_dir, tick=tick)
+                     tick: float = 0.1, heartbeat: float | None = None) -> Iterator[Emulator]:
+    emulator = Emulator(backend or default_lab_backend(), state_dir, tick=tick,
+                        heartbeat=heartbeat)
     emulator.start()
     try:
         yield emulator
@@ -62,3 +66,65 @@ def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 20.0,
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+# Debian's kubectl as scripts/fetch-containerd.sh (`make containerd-bins`) fetches it: the real
+# client the emulator is tested with. Not the machine's kubectl, which may be any version (or a
+# vendor's wrapper); GPUPROV_KUBECTL names another binary.
+KUBECTL = CONTAINERD / "kubectl/usr/bin/kubectl"  # scripts/fetch-containerd.sh
+KUBECTL_TIMEOUT = 60.0
+
+
+def kubectl_binary() -> Path | None:
+    """The kubectl the tests run, None when it has not been fetched."""
+    path = Path(os.environ.get("GPUPROV_KUBECTL") or KUBECTL)
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+class Kubectl:
+    """The real kubectl against one API server, with its own kubeconfig, cache and HOME (so
+    nothing of the machine's ~/.kube is read or written)."""
+
+    def __init__(self, binary: Path, kubeconfig: Path, home: Path) -> None:
+        self.binary = binary
+        self.kubeconfig = kubeconfig
+        self.home = home
+        home.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def for_url(cls, binary: Path, url: str, work: Path) -> Kubectl:
+        return cls(binary, write_kubeconfig(work / "kubeconfig", url), work / "home")
+
+    def run(self, *args: str, stdin: str | None = None, timeout: float = KUBECTL_TIMEOUT,
+            check: bool = True) -> subprocess.CompletedProcess:
+        """`kubectl ARGS`; check: a non-zero exit fails with its output."""
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home),
+               "KUBECONFIG": str(self.kubeconfig)}
+        proc = subprocess.run(
+            [str(self.binary), "--cache-dir", str(self.home / "cache"), *args], input=stdin,
+            capture_output=True, text=True, timeout=timeout, env=env, check=False)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} exited {proc.returncode}:\n"
+                                 f"{proc.stdout}{proc.stderr}")
+        return proc
+
+    def out(self, *args: str, stdin: str | None = None) -> str:
+        return self.run(*args, stdin=stdin).stdout
+
+
+def table_rows(text: str) -> list[dict[str, str]]:
+    """kubectl's human-readable table -> one dict per row, by column header. Columns are found
+    from the header line's start offsets: kubectl's tabwriter pads columns with at least three
+    spaces, while a header may have one inside (NOMINATED NODE); a cell may be empty."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return []
+    header = lines[0]
+    starts = [i for i, ch in enumerate(header)
+              if ch != " " and (i == 0 or header[max(0, i - 2):i] == "  ")]
+    names = [header[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+    rows = []
+    for line in lines[1:]:
+        cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+        rows.append(dict(zip(names, cells, strict=True)))
+    return rows

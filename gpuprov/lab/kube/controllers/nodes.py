@@ -12,27 +12,97 @@ healthy. A resource it does not serve (any more) stays in capacity at 0, as the 
 an unregistered resource's capacity at 0 (kubernetes pkg/kubelet/cm/devicemanager/manager.go
 GetCapacity: deleted resources are reported with capacity 0); while no plugin is registered,
 every nvidia.com/* resource keeps its capacity with nothing allocatable.
+
+Every HEARTBEAT_SECONDS each kubelet reads its node (NodeBackend.node_info: OS image, kernel,
+runtime version, boot ID, machine ID, from the node itself) into status.nodeInfo, with a
+`Rebooted` Warning event when the boot ID changed (setters.go MachineInfo), and renews its
+node Lease in kube-node-lease, as the kubelet's node lease controller does
+(k8s.io/component-helpers apimachinery/lease/controller.go newLease: holderIdentity = the node,
+leaseDurationSeconds, renewTime now; the owner is the Node, kubernetes
+pkg/kubelet/util/nodelease.go SetNodeOwnerFunc). A node that is not running does neither, as its
+kubelet is down with it.
 """
 
 from __future__ import annotations
 
 import copy
+import datetime
+import time
 from typing import TYPE_CHECKING
 
-from gpuprov.lab.kube.backend import NodeSpec, host_kernel
+from gpuprov.lab.kube.backend import NodeInfo, NodeSpec
+from gpuprov.lab.kube.errors import ApiError
 from gpuprov.lab.kube.objects import (
     NOT_READY_TAINT,
     device_plugin_container,
     is_device_plugin,
     node_ready,
 )
-from gpuprov.lab.kube.registry import NODES, PODS, is_device_resource
+from gpuprov.lab.kube.registry import NODES, PODS, R, is_device_resource
 from gpuprov.lab.kube.resources import GIT_VERSION
 from gpuprov.lab.kube.store import now
 from gpuprov.lab.toolkit import toolkit_rules
 
 if TYPE_CHECKING:
     from gpuprov.lab.kube.cluster import Cluster
+
+
+# The kubelet's defaults: nodeStatusUpdateFrequency 10 s; nodeLeaseDurationSeconds 40, renewed
+# every quarter of it (kubernetes pkg/kubelet/apis/config/v1beta1/defaults.go,
+# pkg/kubelet/kubelet.go nodeLeaseRenewIntervalFraction 0.25).
+HEARTBEAT_SECONDS = 10.0
+LEASE_DURATION_SECONDS = 40
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+
+
+def micro_time(at: datetime.datetime | None = None) -> str:
+    """metav1.MicroTime's JSON form (RFC 3339 with microseconds)."""
+    at = at or datetime.datetime.now(datetime.timezone.utc)
+    return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def heartbeat(cluster: Cluster, name: str) -> NodeInfo | None:
+    """One kubelet's heartbeat when it is due: read its node, renew its lease."""
+    kubelet = cluster.kubelets[name]
+    clock = time.monotonic()
+    if clock - kubelet.heartbeat_at < cluster.heartbeat:
+        return kubelet.node_info
+    kubelet.heartbeat_at = clock
+    info = cluster.backend.node_info(name)
+    if info is not None:
+        kubelet.node_info = info
+        renew_lease(cluster, name)
+    return kubelet.node_info
+
+
+def renew_lease(cluster: Cluster, name: str) -> None:
+    registry, leases = cluster.registry, R["Lease"]
+    lease = registry.find(leases, NODE_LEASE_NAMESPACE, name)
+    spec = {"holderIdentity": name, "leaseDurationSeconds": LEASE_DURATION_SECONDS,
+            "renewTime": micro_time()}
+    if lease is not None:
+        registry.replace(leases, NODE_LEASE_NAMESPACE, name, {
+            **lease, "spec": {**(lease.get("spec") or {}), **spec}})
+        return
+    meta: dict = {"name": name, "namespace": NODE_LEASE_NAMESPACE}
+    node = registry.find(NODES, "", name)
+    if node is not None:
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": name,
+                                    "uid": node["metadata"]["uid"]}]
+    try:
+        registry.create(leases, NODE_LEASE_NAMESPACE, {"metadata": meta, "spec": spec})
+    except ApiError as err:  # no kube-node-lease namespace (deleted): renewed at the next beat
+        if err.code not in (403, 404, 409):
+            raise
+
+
+def apply_node_info(status: dict, info: NodeInfo) -> None:
+    """status.nodeInfo from what the kubelet read on its node."""
+    status["nodeInfo"] = {**(status.get("nodeInfo") or {}),
+                          "osImage": info.os_image, "kernelVersion": info.kernel_version,
+                          "containerRuntimeVersion": info.container_runtime_version,
+                          "bootID": info.boot_id, "machineID": info.machine_id,
+                          "systemUUID": info.system_uuid}
 
 
 def sync_nodes(cluster: Cluster) -> None:
@@ -42,8 +112,15 @@ def sync_nodes(cluster: Cluster) -> None:
         node = registry.find(NODES, "", name)
         if node is None:
             continue
+        info = heartbeat(cluster, name)
         ready = "node-notready" not in cluster.faults(name)
         status = copy.deepcopy(node.get("status") or {})
+        if info is not None:
+            old_boot = (status.get("nodeInfo") or {}).get("bootID")
+            apply_node_info(status, info)
+            if old_boot and old_boot != info.boot_id:
+                cluster.event(node, "Rebooted", f"Node {name} has been rebooted, boot id: "
+                              f"{info.boot_id}", "Warning")
         conds = status.get("conditions") or []
         if node_ready(node) != ready:
             conds = [c for c in conds if c.get("type") != "Ready"]
@@ -107,11 +184,11 @@ def registered_plugin(cluster: Cluster, node: str, pods: list[dict]) -> str | No
     return None
 
 
-def node_object(spec: NodeSpec) -> dict:
-    """The Node a node's kubelet registers."""
+def node_object(spec: NodeSpec, info: NodeInfo | None = None) -> dict:
+    """The Node a node's kubelet registers (with what it read on its node, when it could)."""
     resources = {"cpu": spec.cpu, "memory": spec.memory, "pods": "110",
                  "ephemeral-storage": "100Gi"}
-    return {
+    node = {
         "metadata": {"name": spec.name, "labels": {
             "kubernetes.io/hostname": spec.name, "kubernetes.io/os": "linux",
             "kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
@@ -125,13 +202,14 @@ def node_object(spec: NodeSpec) -> dict:
             "addresses": [{"type": "Hostname", "address": spec.name}],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             "nodeInfo": {
-                "architecture": "amd64", "bootID": "", "containerRuntimeVersion":
-                "containerd://emulated", "kernelVersion": host_kernel(),
-                "kubeProxyVersion": "", "kubeletVersion": GIT_VERSION,
-                "machineID": "", "operatingSystem": "linux",
-                "osImage": "Debian GNU/Linux 12 (bookworm)", "systemUUID": ""},
+                "architecture": "amd64", "bootID": "", "containerRuntimeVersion": "",
+                "kernelVersion": "", "kubeProxyVersion": "", "kubeletVersion": GIT_VERSION,
+                "machineID": "", "operatingSystem": "linux", "osImage": "", "systemUUID": ""},
         },
     }
+    if info is not None:
+        apply_node_info(node["status"], info)
+    return node
 
 
 def node_conditions(ready: bool) -> list[dict]:
