@@ -90,6 +90,27 @@ def test_node_notready_fault_flips_the_node_condition(lab, core):
     wait_for(lambda: ready(core.read_node("cpu-only")) == "True", "Ready=True again")
 
 
+def test_a_node_whose_containerd_is_stopped_turns_not_ready_with_the_reason(lab, core,
+                                                                          node_connection):
+    """The node's real containerd stopped: the kubelet's CRI call fails, the node is NotReady
+    with "container runtime is down" and why, and Ready again once containerd runs."""
+    conn = node_connection("cpu-only")
+    conn.run("systemctl stop containerd", hide=True, in_stream=False)
+    try:
+        def down():
+            cond = next(c for c in core.read_node("cpu-only").status.conditions
+                        if c.type == "Ready")
+            return cond if cond.status == "False" else None
+
+        cond = wait_for(down, "Ready=False")
+        assert cond.reason == "KubeletNotReady"
+        assert cond.message.startswith("container runtime is down: the CRI Version call "
+                                       "failed: UNAVAILABLE"), cond.message
+    finally:
+        conn.run("systemctl start containerd", hide=True, in_stream=False)
+    wait_for(lambda: ready(core.read_node("cpu-only")) == "True", "Ready=True again")
+
+
 def test_a_gpu_fault_of_the_cluster_on_the_cpu_node_is_a_usage_error(lab, capsys):
     argv = ["lab", "--dir", str(lab.project_dir), "fault", "cpu-only", "double-allocate"]
     assert main(argv) == 2

@@ -85,7 +85,9 @@ def test_node_info_is_what_the_node_reports(emulator):
     node = emulator.registry.find(NODES, "", "gpu-hopper")
     info = node["status"]["nodeInfo"]
     assert (info["osImage"], info["kernelVersion"], info["containerRuntimeVersion"],
-            info["bootID"], info["machineID"], info["systemUUID"]) == dataclasses.astuple(HOPPER)
+            info["bootID"], info["machineID"], info["systemUUID"]) == (
+        HOPPER.os_image, HOPPER.kernel_version, HOPPER.container_runtime_version,
+        HOPPER.boot_id, HOPPER.machine_id, HOPPER.system_uuid)
     assert info["kubeletVersion"].startswith("v1.")
 
 
@@ -185,3 +187,56 @@ def test_a_watch_list_streams_the_objects_then_the_end_bookmark(emulator):
 def test_a_malformed_watch_list_is_refused(emulator, query):
     status, [doc] = watch_lines(f"{emulator.url}/api/v1/nodes?watch=true&{query}")
     assert status == 422 and "resourceVersionMatch" in doc["message"]
+
+
+def _ready(emulator, node: str) -> dict:
+    found = emulator.registry.find(NODES, "", node)
+    return next(c for c in found["status"]["conditions"] if c["type"] == "Ready")
+
+
+def test_a_node_whose_runtime_does_not_answer_is_not_ready_with_the_reason(emulator, backend):
+    from gpuprov.lab.kube.registry import PODS
+
+    wait_for(lambda: _ready(emulator, "gpu-pascal")["status"] == "True", "gpu-pascal Ready")
+    backend.node_map["gpu-pascal"].runtime_down = "the CRI Version call failed: UNAVAILABLE"
+    ready = wait_for(lambda: (c := _ready(emulator, "gpu-pascal"))["status"] == "False" and c,
+                     "gpu-pascal NotReady")
+    assert ready["reason"] == "KubeletNotReady"
+    assert ready["message"] == ("container runtime is down: the CRI Version call failed: "
+                                "UNAVAILABLE")
+    # Its kubelet skips pod synchronization meanwhile: a pod bound to it stays Pending, and
+    # nothing is started there; the other nodes go on.
+    started = len(backend.started)
+    emulator.registry.create(PODS, "default", {
+        "metadata": {"name": "bound"},
+        "spec": {"nodeName": "gpu-pascal", "restartPolicy": "Never",
+                 "containers": [{"name": "c", "image": "busybox", "command": ["true"]}]}})
+    time.sleep(HEARTBEAT * 5)
+    pod = emulator.registry.find(PODS, "default", "bound")
+    assert pod["status"].get("phase", "Pending") == "Pending"
+    assert [s for s in backend.started[started:] if s[0] == "gpu-pascal"] == []
+    assert _ready(emulator, "gpu-kepler")["status"] == "True"
+
+    backend.node_map["gpu-pascal"].runtime_down = ""
+    wait_for(lambda: _ready(emulator, "gpu-pascal")["status"] == "True", "gpu-pascal Ready again")
+    wait_for(lambda: emulator.registry.find(PODS, "default", "bound")["status"].get("phase")
+             == "Succeeded", "the bound pod to run once the runtime answers")
+
+
+def test_a_failure_that_repeats_is_logged_once_a_minute(caplog, monkeypatch):
+    from gpuprov.lab.kube import controllers
+
+    clock = [1000.0]
+    monkeypatch.setattr(controllers.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(controllers, "_last_logged", {})
+
+    def broken() -> None:
+        raise ModuleNotFoundError("No module named 'grpc'")
+
+    for _ in range(120):  # a minute of passes, twice a second
+        controllers.guarded(broken)
+        clock[0] += 0.5
+    controllers.guarded(broken)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ["broken failed", "broken still fails: ModuleNotFoundError: "
+                        "No module named 'grpc'"]

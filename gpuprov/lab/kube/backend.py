@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from gpuprov.errors import GpuprovError
 from gpuprov.lab.kube import cri
 from gpuprov.lab.toolkit import toolkit_rules
 
@@ -75,9 +76,12 @@ class NodeInfo:
     boot_id: str
     machine_id: str = ""
     system_uuid: str = ""
+    # Why the runtime did not answer the CRI call ("": it did): the kubelet then reports
+    # "container runtime is down" and skips pod synchronization (pkg/kubelet/runtime.go).
+    runtime_error: str = ""
 
 
-def read_node_info(root: str, runtime_version: str) -> NodeInfo:
+def read_node_info(root: str, runtime_version: str, runtime_error: str = "") -> NodeInfo:
     """NodeInfo from a node's files below `root`, read by gpuprov's own probe (the same reader
     `gpuprov probe` runs on the node: gpuprov.probe.host)."""
     from gpuprov.probe.fs import Root
@@ -89,7 +93,8 @@ def read_node_info(root: str, runtime_version: str) -> NodeInfo:
         os_image=(host["os"] or {}).get("pretty_name") or "", kernel_version=host["kernel"] or "",
         container_runtime_version=runtime_version, boot_id=host["boot_id"] or "",
         machine_id=node.read_line("/etc/machine-id") or "",
-        system_uuid=node.read_line("/sys/class/dmi/id/product_uuid") or "")
+        system_uuid=node.read_line("/sys/class/dmi/id/product_uuid") or "",
+        runtime_error=runtime_error)
 
 
 @dataclass(frozen=True)
@@ -271,6 +276,7 @@ class FakeNode:
     spec: NodeSpec | None = None
     info: NodeInfo | None = None  # None: this machine's own (read_node_info of "/")
     running: bool = True  # False: the node is down (no node info, no lease renewal)
+    runtime_down: str = ""  # why its runtime does not answer ("": it does)
 
 
 class FakeBackend:
@@ -297,6 +303,8 @@ class FakeBackend:
         fake = self.node_map[node]
         if not fake.running:
             return None
+        if fake.runtime_down:
+            return read_node_info("/", "fake://Unknown", fake.runtime_down)
         return fake.info or read_node_info("/", FAKE_RUNTIME_VERSION)
 
     def runtime(self, node: str) -> RuntimeConfig:
@@ -503,14 +511,21 @@ class LabBackend:
         if root is None:
             return None
         name = self._runtime_names.get(node, "containerd")
+        error = ""
         try:
             client, _ = self._client(node)
             name, version = client.version()
             self._runtime_names[node] = name
-        except (StartError, cri.CriError):
-            version = "Unknown"
+        except (StartError, cri.CriError) as exc:
+            code = getattr(exc, "code", getattr(exc, "reason", ""))
+            version, error = "Unknown", f"the CRI Version call failed: {code}: {exc}"
+        except GpuprovError as exc:  # no api.proto, stubs not generated
+            version, error = "Unknown", exc.message
+        except ImportError as exc:  # grpcio missing: `gpuprov lab up` checks it, tests may not
+            version, error = "Unknown", (f"the lab's kubelet cannot load {exc.name or exc}: "
+                                         "pip install -e '.[dev]'")
         try:
-            return read_node_info(root, f"{name}://{version}")
+            return read_node_info(root, f"{name}://{version}", error)
         except OSError:  # the container stopped while it was read
             return None
 

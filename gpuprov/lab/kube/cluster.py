@@ -24,7 +24,15 @@ from pathlib import Path
 
 from gpuprov.lab.kube import faults
 from gpuprov.lab.kube.backend import Gpu, NodeBackend
-from gpuprov.lab.kube.controllers import daemonsets, disruption, garbage, jobs, nodes, scheduler
+from gpuprov.lab.kube.controllers import (
+    daemonsets,
+    disruption,
+    garbage,
+    jobs,
+    log_failure,
+    nodes,
+    scheduler,
+)
 from gpuprov.lab.kube.errors import ApiError
 from gpuprov.lab.kube.kubelet import Kubelet, PodRun, sync_kubelets
 from gpuprov.lab.kube.objects import condition, set_condition
@@ -133,8 +141,8 @@ class Cluster:
                 step(self)
             except ApiError as err:  # lost a race with a client: the next pass retries
                 log.debug("%s: %s", step.__name__, err.message)
-            except Exception:
-                log.exception("controller %s failed", step.__name__)
+            except Exception as exc:
+                log_failure(f"controller {step.__name__}", exc)
 
     # -- helpers -----------------------------------------------------------------------------------
     def faults(self, node: str) -> list[str]:

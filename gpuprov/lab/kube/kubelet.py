@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,6 +46,8 @@ from gpuprov.lab.kube.registry import (
 )
 from gpuprov.lab.kube.store import now
 from gpuprov.lab.toolkit import toolkit_rules
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from gpuprov.lab.kube.cluster import Cluster
@@ -129,6 +132,7 @@ class Kubelet:
         # The node as this kubelet last read it, and when (controllers/nodes.py heartbeat).
         self.node_info: NodeInfo | None = None
         self.heartbeat_at = float("-inf")
+        self.runtime_down_logged = ""  # the runtime error last logged
 
     @property
     def backend(self) -> NodeBackend:
@@ -162,6 +166,17 @@ class Kubelet:
         return free[:count] if len(free) >= count else None
 
     def sync(self, pods: list[dict]) -> None:
+        down = self.node_info.runtime_error if self.node_info is not None else ""
+        if down:
+            # As the kubelet's syncLoop: "skipping pod synchronization - container runtime is
+            # down" (pkg/kubelet/kubelet.go); the node is NotReady meanwhile (controllers/
+            # nodes.py), and the next heartbeat asks the runtime again. Said once per cause.
+            if down != self.runtime_down_logged:
+                log.warning("%s: skipping pod synchronization: container runtime is down: %s",
+                            self.name, down)
+                self.runtime_down_logged = down
+            return
+        self.runtime_down_logged = ""
         alive = {p["metadata"]["uid"] for p in pods}
         for uid in list(self.runs):
             if uid not in alive:

@@ -16,11 +16,32 @@ Every write goes through the registry, so it is defaulted and validated like a c
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from gpuprov.lab.kube.errors import ApiError
 
 log = logging.getLogger(__name__)
+
+
+# A failure that repeats at every pass (twice a second) is logged with its traceback once,
+# then once a minute: a lab that cannot do something says so without filling its log and
+# spending its CPU on the saying.
+REPEAT_LOG_SECONDS = 60.0
+_last_logged: dict[tuple[str, str], float] = {}
+
+
+def log_failure(what: str, exc: BaseException) -> None:
+    key = (what, f"{type(exc).__name__}: {exc}")
+    clock = time.monotonic()
+    last = _last_logged.get(key)
+    if last is None:
+        log.error("%s failed", what, exc_info=exc)
+    elif clock - last >= REPEAT_LOG_SECONDS:
+        log.error("%s still fails: %s", what, key[1])
+    else:
+        return
+    _last_logged[key] = clock
 
 
 def guarded(step: Callable, *args: object) -> None:
@@ -30,5 +51,5 @@ def guarded(step: Callable, *args: object) -> None:
         step(*args)
     except ApiError as err:
         log.debug("%s: %s", step.__name__, err.message)
-    except Exception:
-        log.exception("%s failed", step.__name__)
+    except Exception as exc:
+        log_failure(step.__name__, exc)

@@ -113,7 +113,8 @@ def sync_nodes(cluster: Cluster) -> None:
         if node is None:
             continue
         info = heartbeat(cluster, name)
-        ready = "node-notready" not in cluster.faults(name)
+        not_ready = not_ready_message(cluster, name, info)
+        ready = not_ready is None
         status = copy.deepcopy(node.get("status") or {})
         if info is not None:
             old_boot = (status.get("nodeInfo") or {}).get("bootID")
@@ -122,9 +123,9 @@ def sync_nodes(cluster: Cluster) -> None:
                 cluster.event(node, "Rebooted", f"Node {name} has been rebooted, boot id: "
                               f"{info.boot_id}", "Warning")
         conds = status.get("conditions") or []
-        if node_ready(node) != ready:
+        if node_ready(node) != ready or (not ready and _ready_message(node) != not_ready):
             conds = [c for c in conds if c.get("type") != "Ready"]
-            conds += [c for c in node_conditions(ready) if c["type"] == "Ready"]
+            conds += [c for c in node_conditions(ready, not_ready) if c["type"] == "Ready"]
         status["conditions"] = conds
         capacity = dict(status.get("capacity") or {})
         allocatable = dict(status.get("allocatable") or {})
@@ -212,7 +213,26 @@ def node_object(spec: NodeSpec, info: NodeInfo | None = None) -> dict:
     return node
 
 
-def node_conditions(ready: bool) -> list[dict]:
+def not_ready_message(cluster: Cluster, name: str, info: NodeInfo | None) -> str | None:
+    """Why the node's kubelet reports it NotReady, None where it is Ready: the node-notready
+    fault, or a runtime that does not answer. The kubelet's words for the latter are
+    "container runtime is down" (pkg/kubelet/runtime.go runtimeErrors); the lab adds why."""
+    if "node-notready" in cluster.faults(name):
+        return NOT_READY_FAULT_MESSAGE
+    if info is not None and info.runtime_error:
+        return f"container runtime is down: {info.runtime_error}"
+    return None
+
+
+def _ready_message(node: dict) -> str | None:
+    return next((c.get("message") for c in (node.get("status") or {}).get("conditions") or []
+                 if c.get("type") == "Ready"), None)
+
+
+NOT_READY_FAULT_MESSAGE = "container runtime network not ready (fault node-notready)"
+
+
+def node_conditions(ready: bool, message: str | None = None) -> list[dict]:
     stamp = now()
     conds = []
     for type_, reason in (("MemoryPressure", "KubeletHasSufficientMemory"),
@@ -223,6 +243,6 @@ def node_conditions(ready: bool) -> list[dict]:
     conds.append({"type": "Ready", "status": "True" if ready else "False",
                   "reason": "KubeletReady" if ready else "KubeletNotReady",
                   "message": "kubelet is posting ready status" if ready
-                  else "container runtime network not ready (fault node-notready)",
+                  else message or NOT_READY_FAULT_MESSAGE,
                   "lastHeartbeatTime": stamp, "lastTransitionTime": stamp})
     return conds
