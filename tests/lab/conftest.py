@@ -217,13 +217,30 @@ def node_state(lab: Lab) -> dict[str, str]:
     return state
 
 
+# The one lab node whose admin has the driver role sign DKMS builds for Secure Boot
+# (nvidia_driver_secure_boot_sign), so that the lab shows the node with signing and the nodes
+# without. Not gpu-pascal: test_verify_lab really builds a DKMS module there.
+SECURE_BOOT_NODE = "gpu-kepler"
+
+# node -> installed_packages() as bare_lab found it, before any site.yml: what
+# test_lab_node_roles measures the packages site.yml added against.
+PACKAGES_BEFORE_SITE: dict[str, dict[str, tuple[str, str]]] = {}
+
+
 @pytest.fixture(scope="session")
 def bare_lab(lab) -> Lab:
     """The session lab before site.yml, with an admin's containerd settings planted on the
-    GPU nodes (the toolkit role must keep them)."""
+    GPU nodes (the toolkit role must keep them), DKMS signing asked for on SECURE_BOOT_NODE,
+    and every node's packages recorded in PACKAGES_BEFORE_SITE."""
+    # A host_vars file beside the inventory, which Ansible reads with it: `lab up` rewrites
+    # hosts.yml itself (tests call it on the session lab), and the setting must outlive that.
+    host_vars = lab.inventory_path.parent / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    (host_vars / f"{SECURE_BOOT_NODE}.yml").write_text("nvidia_driver_secure_boot_sign: true\n")
     for node in lab.require().nodes:
-        if node.has_gpu:
-            with connect(node_target(lab, node.name)) as conn:
+        with connect(node_target(lab, node.name)) as conn:
+            PACKAGES_BEFORE_SITE[node.name] = installed_packages(conn)
+            if node.has_gpu:
                 conn.put(io.StringIO(PLANTED_CONTAINERD), "/etc/containerd/config.toml")
                 conn.run("systemctl restart containerd", hide=True, in_stream=False)
     return lab
