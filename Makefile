@@ -61,18 +61,35 @@ lint: venv
 	yamllint -s .
 	ansible-lint
 
+# pytest-xdist: the unit tests spread over the workers; each lab (the session lab, and each
+# module's own lab) is one group that runs whole in one worker (tests/conftest.py), so the
+# labs run side by side. Every run lists its slowest tests and fixture setups (--durations)
+# and each lab's `lab up` and playbook runs (tests/timings.py), for the CI log.
+TEST_WORKERS ?= 4
+DURATIONS := --durations=40 --durations-min=5
+XDIST := -n $(TEST_WORKERS)
+
 test-unit: venv containerd-bins
-	pytest -m "not lab and not molecule" tests
+	pytest -n 2 $(DURATIONS) -m "not lab and not molecule" tests
 
 test-lab: venv containerd-bins
-	pytest -m lab tests
+	pytest $(XDIST) $(DURATIONS) -m lab tests
 
 test-molecule: venv
-	pytest -m molecule tests
+	pytest $(XDIST) -m molecule tests
 
-# One pytest run, so the summary line counts every test.
-test: venv lint containerd-bins
-	pytest tests
+# Molecule scenarios whose every assertion a lab test makes on the converged session lab
+# (molecule/README.md maps each one): `make test-molecule` still runs them.
+COVERED_BY_LAB := --deselect tests/molecule/test_nvidia_driver.py::test_molecule_nvidia_driver
+
+# One pytest run, so the summary line counts every test; lint runs beside it (its output
+# follows pytest's) and fails the target too.
+test: venv containerd-bins
+	@$(MAKE) --no-print-directory lint > .lint.log 2>&1 & lint=$$!; \
+	rc=0; pytest $(XDIST) $(DURATIONS) $(COVERED_BY_LAB) tests || rc=$$?; \
+	lint_rc=0; wait $$lint || lint_rc=$$?; \
+	echo "== make lint (exit $$lint_rc)"; cat .lint.log; rm -f .lint.log; \
+	exit $$(( rc != 0 ? rc : lint_rc ))
 
 # Figures for the notes; each script prints its baseline measured in the same run.
 bench: venv

@@ -6,10 +6,12 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import timings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -17,6 +19,40 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+# The lab tests' labs: a module that brings up a lab of its own (temporary_lab in a module
+# fixture) is one scheduling unit; every other lab module shares the session lab, and all of
+# them are one unit. Under pytest-xdist (make test: -n 4) each unit runs whole on one worker,
+# its tests in order, so the three labs run side by side from the start while the unit tests,
+# one unit per module, spread over whatever worker is free.
+OWN_LAB_MODULES = {"test_driver_source_switch.py": "switchlab",
+                   "test_upgrade_driver.py": "upgradelab"}
+
+
+def scheduling_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its lab, its molecule scenario, or its module."""
+    path = nodeid.split("::", 1)[0]
+    directory, _, name = path.rpartition("/")
+    if directory == "tests/lab":
+        return OWN_LAB_MODULES.get(name, "sessionlab")
+    return path
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's loadscope scheduling with scheduling_unit() as the scope, in collection order
+    (tests/lab first: the labs, the longest units, start at once). xdist's own loadgroup
+    would need an xdist_group mark per test, and pytest 9.2 no longer sees the group in the
+    node ids that xdist 3.8 rewrites."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LabScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scheduling_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return LabScheduling(config, log)
 
 
 def pytest_collection_modifyitems(items):
@@ -27,6 +63,32 @@ def pytest_collection_modifyitems(items):
         for marker in ("lab", "molecule"):
             if REPO / "tests" / marker in parents:
                 item.add_marker(getattr(pytest.mark, marker))
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
+        handle, path = tempfile.mkstemp(prefix="gpuprov-timings-", suffix=".jsonl")
+        os.close(handle)
+        os.environ[timings.ENV] = path
+        config.stash[_TIMINGS] = path
+
+
+_TIMINGS = pytest.StashKey[str]()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    path = config.stash.get(_TIMINGS, None)
+    if path is None:
+        return
+    rows = timings.read(path)
+    os.unlink(path)
+    if not rows:
+        return
+    terminalreporter.section("lab setup and playbook runs (slowest first)")
+    for row in sorted(rows, key=lambda r: -r["seconds"]):
+        terminalreporter.write_line(f"{row['seconds']:8.1f}s  {row['worker']:<5} {row['what']}")
+    terminalreporter.write_line(f"{sum(r['seconds'] for r in rows):8.1f}s  in all, "
+                                f"{len(rows)} runs")
 
 
 @pytest.fixture(scope="session")

@@ -16,17 +16,21 @@ lab-only choice made in the image (the Containerfile says how); the roles never 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpuprov.errors import GpuprovError
 from gpuprov.lab import podman
+from gpuprov.lab.cache import CACHE
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +129,24 @@ def _ensure_base(os_name: str = DEFAULT_OS) -> str:
     return base
 
 
+@contextlib.contextmanager
+def _building() -> Iterator[None]:
+    """Held while an image is checked for and built: labs started side by side (the test
+    suite's workers, a demo beside the tests) must not build the same image twice at once."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "images.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure_pod_archive(cache_dir: Path) -> tuple[str, Path]:
     """(reference, archive) of the pod image: built and saved (`podman save`, docker-archive,
     which `ctr images import` reads) into cache_dir, where missing."""
+    with _building():
+        return _ensure_pod_archive(cache_dir)
+
+
+def _ensure_pod_archive(cache_dir: Path) -> tuple[str, Path]:
     ref = pod_ref()
     archive = cache_dir / f"{ref.rpartition('/')[2].replace(':', '-')}.tar"
     if archive.is_file():
@@ -146,6 +165,11 @@ def ensure_pod_archive(cache_dir: Path) -> tuple[str, Path]:
 
 def ensure_node_image(os_name: str = DEFAULT_OS) -> str:
     """Return the reference of the node image for os_name, building what is missing."""
+    with _building():
+        return _ensure_node_image(os_name)
+
+
+def _ensure_node_image(os_name: str) -> str:
     base = _ensure_base(os_name)
     ref = node_ref(os_name)
     if not podman.image_exists(ref):

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +22,10 @@ from typing import IO
 import pytest
 from kubernetes import client, config
 from kubernetes.client import ApiClient
+from timings import record_setup
 
 from gpuprov.cli import main
+from gpuprov.lab.cache import CACHE
 from gpuprov.lab.lab import Lab
 from gpuprov.ssh import SshTarget, connect
 
@@ -35,7 +38,20 @@ def temporary_lab(tmp_path_factory, name: str, *up_args: str) -> Iterator[Lab]:
     if shutil.which("podman") is None:
         pytest.fail("podman is missing: run `make deps` (the lab tests need it)")
     project = tmp_path_factory.mktemp(name)
-    assert main(["lab", "--dir", str(project), "up", *up_args]) == 0
+    # One package cache per lab of the suite (the machine's cache): the suite's labs run side
+    # by side (pytest-xdist), and nodes of the same name in two labs would otherwise share
+    # one /var/cache/apt/archives, whose lock makes the second apt fail at once.
+    saved = os.environ.get("GPUPROV_LAB_APT_CACHE")
+    os.environ["GPUPROV_LAB_APT_CACHE"] = str(CACHE / "apt-archives" / name)
+    started = time.monotonic()
+    try:
+        assert main(["lab", "--dir", str(project), "up", *up_args]) == 0
+    finally:
+        if saved is None:
+            os.environ.pop("GPUPROV_LAB_APT_CACHE")
+        else:
+            os.environ["GPUPROV_LAB_APT_CACHE"] = saved
+    record_setup(f"lab {name} up", time.monotonic() - started)
     yield Lab(project)
     if os.environ.get("GPUPROV_KEEP_LAB") != "1":
         main(["lab", "--dir", str(project), "down"])
@@ -127,6 +143,8 @@ class RunningPlaybook:
     proc: subprocess.Popen
     stdout: IO[bytes]
     stderr: IO[bytes]
+    label: str = ""  # the command line, for the run's timings (tests/timings.py)
+    started: float = 0.0
 
 
 def start_playbook(lab: Lab, playbook: str, *extra: str) -> RunningPlaybook:
@@ -142,7 +160,8 @@ def start_playbook(lab: Lab, playbook: str, *extra: str) -> RunningPlaybook:
          playbook, *extra],
         cwd=REPO, env=env, stdout=stdout, stderr=stderr,
     )
-    return RunningPlaybook(proc, stdout, stderr)
+    return RunningPlaybook(proc, stdout, stderr, f"{lab.project_dir.name}: ansible-playbook "
+                           + " ".join([playbook, *extra]), time.monotonic())
 
 
 def finish_playbook(run: RunningPlaybook, timeout: float = 1500) -> tuple[int, dict]:
@@ -153,6 +172,7 @@ def finish_playbook(run: RunningPlaybook, timeout: float = 1500) -> tuple[int, d
         run.proc.kill()
         run.proc.wait()
         raise
+    record_setup(f"{run.label} (rc {rc})", time.monotonic() - run.started)
     stdout, stderr = (_read(f) for f in (run.stdout, run.stderr))
     try:
         doc = json.loads(stdout)

@@ -108,7 +108,9 @@ def test_a_node_whose_containerd_is_stopped_turns_not_ready_with_the_reason(lab,
                                        "failed: UNAVAILABLE"), cond.message
     finally:
         conn.run("systemctl start containerd", hide=True, in_stream=False)
-    wait_for(lambda: ready(core.read_node("cpu-only")) == "True", "Ready=True again")
+    # containerd's CRI plugin answers some seconds after its start, and the kubelet asks at its
+    # next heartbeat (10 s): on a loaded machine that has taken more than a minute.
+    wait_for(lambda: ready(core.read_node("cpu-only")) == "True", "Ready=True again", 180)
 
 
 def test_a_gpu_fault_of_the_cluster_on_the_cpu_node_is_a_usage_error(lab, capsys):
