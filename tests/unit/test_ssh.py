@@ -192,3 +192,16 @@ def test_an_aead_cipher_is_chosen_where_the_server_has_one(server, keys, tmp_pat
     options["disabled_algorithms"] = {"ciphers": list(ssh.AEAD_CIPHERS)}
     with _open(_target(port, client_key_file, known)) as conn:
         assert conn.transport.remote_cipher == paramiko.Transport._preferred_ciphers[0]
+
+
+def test_an_idle_connection_wakes_once_a_second_and_ends_after_close(server, keys, tmp_path,
+                                                                      client_key_file, home):
+    port, _ = server
+    known = _known_hosts(tmp_path / "known", port, keys[0])
+    conn = _open(_target(port, client_key_file, known))
+    transport = conn.transport
+    # paramiko's own transport wakes ten times a second while it waits for the node.
+    assert transport.sock.gettimeout() == 1.0
+    conn.close()
+    transport.join(timeout=10)
+    assert not transport.is_alive()
