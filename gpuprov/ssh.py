@@ -40,15 +40,17 @@ SYSTEM_KNOWN_HOSTS = os.path.join("~", ".ssh", "known_hosts")
 AEAD_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 
 _lock = threading.Lock()
-_shared: dict[tuple, Any] = {}
+_shared: dict[tuple, tuple[Any, Any]] = {}  # what -> (the version made from, the value made)
 
 
-def _once(key: tuple, make: Any) -> Any:
-    """make(), once per key per process, whichever thread asks first (the others wait)."""
+def _once(what: tuple, version: Any, make: Any) -> Any:
+    """make(), once per process for each version of `what` (a file: its _file_identity),
+    whichever thread asks first (the others wait); a new version replaces the old one."""
     with _lock:
-        if key not in _shared:
-            _shared[key] = make()
-        return _shared[key]
+        made = _shared.get(what)
+        if made is None or made[0] != version:
+            made = _shared[what] = (version, make())
+        return made[1]
 
 
 def _file_identity(path: str) -> tuple | None:
@@ -67,8 +69,8 @@ def _known_hosts(path: str) -> paramiko.HostKeys:
     unknown keys (RejectPolicy), so paramiko adds nothing to it."""
     identity = _file_identity(path)
     if identity is None:
-        return _once(("known_hosts", path, None), paramiko.HostKeys)
-    return _once(("known_hosts", path, identity), lambda: paramiko.HostKeys(path))
+        return _once(("known_hosts", path), None, paramiko.HostKeys)
+    return _once(("known_hosts", path), identity, lambda: paramiko.HostKeys(path))
 
 
 def _private_key(path: str) -> paramiko.PKey | None:
@@ -85,13 +87,13 @@ def _private_key(path: str) -> paramiko.PKey | None:
         except Exception:  # any reason: paramiko's own attempt reports it, as before
             return None
 
-    return _once(("key", path, identity), load)
+    return _once(("key", path), identity, load)
 
 
 def _config() -> fabric.Config:
     """fabric's configuration: its files and ssh_config (Hostname, Port, User, IdentityFile,
     ProxyJump...) read once per process. Connections only read it: shared."""
-    return _once(("fabric-config",), fabric.Config)
+    return _once(("fabric-config",), None, fabric.Config)
 
 
 class _Transport(paramiko.Transport):

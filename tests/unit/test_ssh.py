@@ -131,6 +131,9 @@ def test_the_users_known_hosts_counts_and_is_read_again_when_it_changes(server, 
     _known_hosts(home / ".ssh" / "known_hosts", port, keys[0])
     with _open(_target(port, client_key_file)) as conn:
         assert conn.is_connected
+    # Each version replaced the one before: a long-lived process keeps one per file.
+    assert [what for what in ssh._shared if what[0] == "known_hosts"] == [
+        ("known_hosts", str(home / ".ssh" / "known_hosts"))]
 
 
 def test_without_host_key_checking_an_unknown_key_is_accepted_but_a_changed_one_is_not(
