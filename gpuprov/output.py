@@ -10,8 +10,10 @@ from typing import Any, TextIO
 
 def print_json(document: Any, stream: TextIO | None = None) -> None:
     stream = stream or sys.stdout
-    json.dump(document, stream, indent=2, sort_keys=False)
-    stream.write("\n")
+    # One write: json.dump writes every token on its own, and where Ansible is loaded (verify
+    # reads the inventory through it) its Display has wrapped stdout so that each of those
+    # writes is a system call: 42,000 of them, 30 ms, for 64 nodes' verify --json.
+    stream.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
 
 
 def render_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

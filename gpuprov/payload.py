@@ -16,22 +16,36 @@ node compiles the sources.
 
 The same script works over plain OpenSSH (``ssh node python3 -I - < script``), which
 is what benchmarks compare against.
+
+Building it costs the controller about 0.08 CPU-s (compiling pynvml, compressing), as much as
+probing a dozen nodes, on every `gpuprov verify` run. So the built script is kept in the
+user's cache directory (``$GPUPROV_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpuprov``, else
+``~/.cache/gpuprov``) under the hash of everything it is made of, and later runs read it
+(see _cached).
 """
 
 from __future__ import annotations
 
 import base64
 import functools
+import hashlib
 import importlib.util
 import json
+import logging
 import marshal
+import os
+import sys
+import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import gpuprov
 from gpuprov.errors import ExitCode, GpuprovError
+
+log = logging.getLogger(__name__)
 
 # -I: ignore PYTHON* variables, user site-packages and the current directory, so
 # nothing on the node can shadow the shipped modules or the stdlib.
@@ -132,13 +146,16 @@ ENTRIES = {"probe": "gpuprov.probe.__main__", "mig-apply": "gpuprov.mig_apply"}
 
 def payload_files(entry: str = "probe") -> dict[str, Path]:
     """Archive name -> source file: everything the entry imports besides the stdlib."""
-    import pynvml
-
+    # Found, not imported: the controller never calls NVML, and importing pynvml costs as much
+    # CPU as probing two nodes. ImportError where it is missing, as the import would raise.
+    spec = importlib.util.find_spec("pynvml")
+    if spec is None or not spec.origin:
+        raise ImportError("No module named 'pynvml' (install nvidia-ml-py)", name="pynvml")
     package = Path(gpuprov.__file__).parent
     files = {
         "gpuprov/__init__.py": package / "__init__.py",
         "gpuprov/hardware.py": package / "hardware.py",
-        "pynvml.py": Path(pynvml.__file__),
+        "pynvml.py": Path(spec.origin),
     }
     if entry == "mig-apply":
         files["gpuprov/mig_apply.py"] = package / "mig_apply.py"
@@ -165,12 +182,18 @@ def probe_script() -> bytes:
 @functools.lru_cache(maxsize=len(ENTRIES))
 def node_script(entry: str) -> bytes:
     """The script that runs ENTRIES[entry] on a node from PROBE_COMMAND's stdin (its arguments
-    after the "-"); built once per process per entry.
+    after the "-"); read from the cache, or built, once per process per entry.
 
     Reproducible for the same sources and Python (marshal orders the constants of a
     frozenset by hash, so the bytecode part may differ between PYTHONHASHSEEDs).
     """
     sources = {name: path.read_bytes() for name, path in payload_files(entry).items()}
+    bootstrap = _BOOTSTRAP.format(min_python=MIN_PYTHON, min_text=".".join(map(str, MIN_PYTHON)),
+                                  prefix=PAYLOAD_PREFIX, entry=ENTRIES[entry])
+    return _cached(entry, _build_key(sources, bootstrap), lambda: _build(sources, bootstrap))
+
+
+def _build(sources: dict[str, bytes], bootstrap: str) -> bytes:
     # The file name is what tracebacks show; dont_inherit: not this module's __future__
     # flags; optimize=0: asserts stay even when the controller runs python -O.
     code = {name: marshal.dumps(compile(source, PAYLOAD_PREFIX + name, "exec",
@@ -182,9 +205,92 @@ def node_script(entry: str) -> bytes:
                             "magic": importlib.util.MAGIC_NUMBER}, MARSHAL_VERSION)
     # zlib's default level: level 9 saves 1 % of the size for 3x the time.
     encoded = base64.b64encode(zlib.compress(packed)).decode("ascii")
-    bootstrap = _BOOTSTRAP.format(min_python=MIN_PYTHON, min_text=".".join(map(str, MIN_PYTHON)),
-                                  prefix=PAYLOAD_PREFIX, entry=ENTRIES[entry])
     return f'PAYLOAD = b"{encoded}"\n{bootstrap}'.encode("ascii")
+
+
+# Built scripts kept per entry; older ones beyond this are removed (two checkouts or versions
+# used in turn each keep theirs).
+CACHE_KEEP = 8
+
+
+def cache_dir() -> Path:
+    """gpuprov's cache directory: $GPUPROV_CACHE_DIR, else $XDG_CACHE_HOME/gpuprov, else
+    ~/.cache/gpuprov, where the XDG base directory specification places a user's caches."""
+    given = os.environ.get("GPUPROV_CACHE_DIR")
+    if given:
+        return Path(given).expanduser().resolve()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser().resolve() / "gpuprov"
+
+
+def _build_key(sources: dict[str, bytes], bootstrap: str) -> str:
+    """Hash of everything the script is made of: the shipped sources, the bootstrap, the
+    Python that compiles the bytecode, and this module (the way they are packed)."""
+    digest = hashlib.sha256()
+    parts = [Path(__file__).read_bytes(), bootstrap.encode(), importlib.util.MAGIC_NUMBER,
+             sys.version.encode(), str(MARSHAL_VERSION).encode()]
+    for name in sorted(sources):
+        parts += [name.encode(), sources[name]]
+    for part in parts:  # length-prefixed: no two different inputs hash the same stream
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def _private_dir(path: Path) -> bool:
+    """The directory exists, is this user's and no one else can write in it: the scripts in
+    it run as the SSH user (often root) on every node."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.stat()
+    except OSError:
+        return False
+    return info.st_uid == os.geteuid() and not info.st_mode & 0o022
+
+
+def _cached(entry: str, key: str, build: Callable[[], bytes]) -> bytes:
+    """The script with this key from the cache, else build() written to the cache.
+
+    Each file holds the script's own SHA-256 on its first line: a file cut short (a full
+    disk, a crash before the data reached the disk) reads as absent and is built again.
+    Files are written whole under another name and renamed, so a concurrent run reads the
+    old file or the new one, never half of one. Any failure of the cache only costs the build.
+    """
+    directory = cache_dir()
+    path = directory / f"{entry}-{key}.py"
+    if not _private_dir(directory):
+        log.debug("payload cache %s is not private to this user: not used", directory)
+        return build()
+    try:
+        head, _, script = path.read_bytes().partition(b"\n")
+        if head == b"# sha256 " + hashlib.sha256(script).hexdigest().encode():
+            return script
+    except OSError:
+        pass
+    script = build()
+    try:
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{entry}-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(b"# sha256 " + hashlib.sha256(script).hexdigest().encode() + b"\n")
+                out.write(script)
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+        older = sorted(directory.glob(f"{entry}-*.py"), key=_mtime, reverse=True)[CACHE_KEEP:]
+        for stale in older:
+            stale.unlink(missing_ok=True)
+    except OSError as exc:
+        log.debug("payload cache %s not written: %s", directory, exc)
+    return script
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed meanwhile by another run
+        return 0.0
 
 
 def parse_report(stdout: str, host: str | None = None, stderr: str = "") -> dict:

@@ -59,8 +59,8 @@ class LookupModule(LookupBase):
                 "gpuprov_probe_script takes no options and at most one term, probe or mig-apply")
         entry = terms[0] if terms else "probe"
         # Imported on use, not at load time: a playbook that never probes must not fail on a
-        # missing gpuprov. probe_script() imports pynvml, which the payload ships, so both
-        # imports are covered.
+        # missing gpuprov. node_script() raises ImportError for a missing pynvml (which the
+        # payload ships) too, so both are covered.
         try:
             from gpuprov.payload import node_script
 

@@ -8,8 +8,10 @@ fabric/paramiko path is the production one.
 from __future__ import annotations
 
 import base64
+import hashlib
 import importlib.util
 import marshal
+import os
 import shutil
 import socket
 import subprocess
@@ -107,27 +109,41 @@ def test_payload_ships_the_probe_hardware_table_and_pynvml():
     assert not any(name.startswith("gpuprov/lab") for name in payload.payload_files())
 
 
-def test_script_is_built_once_and_reproducible():
+def test_script_is_built_once_and_reproducible(tmp_path, monkeypatch):
+    # Each build with an empty cache directory of its own: two builds, not one read back.
+    monkeypatch.setenv("GPUPROV_CACHE_DIR", str(tmp_path / "first"))
+    payload.node_script.cache_clear()
     assert payload.probe_script() is payload.probe_script()
     first = payload.probe_script()
+    monkeypatch.setenv("GPUPROV_CACHE_DIR", str(tmp_path / "second"))
     payload.node_script.cache_clear()
     assert payload.probe_script() == first
+    payload.node_script.cache_clear()
 
 
-def test_script_does_not_depend_on_which_strings_the_process_interned():
+def test_script_does_not_depend_on_which_strings_the_process_interned(tmp_path):
     # A fresh interpreter, so that the first build sees one-character strings (the probe's
-    # "[" and "]", ...) not yet interned; the second build comes after they all are.
-    code = ("import string, sys; from gpuprov import payload; first = payload.probe_script(); "
+    # "[" and "]", ...) not yet interned; the second build comes after they all are, with
+    # another empty cache directory (a build, not the first one read back).
+    code = ("import os, string, sys; from gpuprov import payload; first = payload.probe_script(); "
             "[sys.intern(c) for c in string.printable]; payload.node_script.cache_clear(); "
+            f"os.environ['GPUPROV_CACHE_DIR'] = {str(tmp_path / 'second')!r}; "
             "sys.exit(0 if payload.probe_script() == first else 1)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "GPUPROV_CACHE_DIR": str(tmp_path / "first")})
     assert proc.returncode == 0, proc.stderr or "the second build differs from the first"
+
+
+def _unpack(script: bytes) -> dict:
+    """The packed payload of a script: {"sources": ..., "code": ..., "magic": ...}."""
+    head = script.split(b"\n", 1)[0]
+    return marshal.loads(zlib.decompress(base64.b64decode(head[len(b'PAYLOAD = b"'):-1])))
 
 
 def _repack(script: bytes, edit) -> bytes:
     """The script with its packed payload changed by edit(payload_dict)."""
-    head, rest = script.split(b"\n", 1)
-    packed = marshal.loads(zlib.decompress(base64.b64decode(head[len(b'PAYLOAD = b"'):-1])))
+    rest = script.split(b"\n", 1)[1]
+    packed = _unpack(script)
     edit(packed)
     encoded = base64.b64encode(zlib.compress(marshal.dumps(packed, payload.MARSHAL_VERSION)))
     return b'PAYLOAD = b"' + encoded + b'"\n' + rest
@@ -201,6 +217,126 @@ def test_failures_map_to_probe_error(rc, stdout, stderr, message):
         payload.check_exit(rc, stdout, stderr, host="node-1")
     assert info.value.message.startswith("node-1: ")
     assert info.value.code == ExitCode.CHECK_FAILED
+
+
+# -- the cache of built scripts ----------------------------------------------------------------
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty cache directory of this test's own, and no script built in this process yet."""
+    directory = tmp_path / "cache"
+    monkeypatch.setenv("GPUPROV_CACHE_DIR", str(directory))
+    payload.node_script.cache_clear()
+    yield directory
+    payload.node_script.cache_clear()
+
+
+def _count_builds(monkeypatch) -> list:
+    """The builds node_script makes from now on (one list item each)."""
+    builds: list = []
+    build = payload._build
+
+    def counted(*args):
+        builds.append(args)
+        return build(*args)
+
+    monkeypatch.setattr(payload, "_build", counted)
+    return builds
+
+
+def _as_new_process() -> None:
+    payload.node_script.cache_clear()
+
+
+def test_a_later_run_reads_the_script_from_the_cache(cache, monkeypatch):
+    builds = _count_builds(monkeypatch)
+    first = payload.probe_script()
+    (stored,) = cache.glob("probe-*.py")
+    # Others can neither read nor change what runs on every node.
+    assert cache.stat().st_mode & 0o077 == 0 and stored.stat().st_mode & 0o077 == 0
+    _as_new_process()
+    assert payload.probe_script() == first
+    assert len(builds) == 1
+
+
+def test_a_changed_source_is_built_again(cache, monkeypatch, tmp_path):
+    files = {}
+    for name, path in payload.payload_files().items():
+        files[name] = tmp_path / "src" / name
+        files[name].parent.mkdir(parents=True, exist_ok=True)
+        files[name].write_bytes(path.read_bytes())
+    monkeypatch.setattr(payload, "payload_files", lambda entry="probe": dict(files))
+    builds = _count_builds(monkeypatch)
+    first = payload.probe_script()
+    main = files["gpuprov/probe/__main__.py"]
+    main.write_bytes(main.read_bytes() + b"# changed\n")
+    _as_new_process()
+    second = payload.probe_script()
+    assert len(builds) == 2
+    assert _unpack(second)["sources"]["gpuprov/probe/__main__.py"].endswith(b"# changed\n")
+    assert not _unpack(first)["sources"]["gpuprov/probe/__main__.py"].endswith(b"# changed\n")
+
+
+def test_a_cache_file_cut_short_is_built_again_and_replaced(cache, monkeypatch):
+    first = payload.probe_script()
+    (stored,) = cache.glob("probe-*.py")
+    stored.write_bytes(stored.read_bytes()[:-1000])
+    builds = _count_builds(monkeypatch)
+    _as_new_process()
+    assert payload.probe_script() == first
+    _as_new_process()
+    assert payload.probe_script() == first
+    assert len(builds) == 1
+
+
+def test_a_cache_directory_others_can_write_to_is_not_used(cache):
+    real = payload.probe_script()
+    (stored,) = cache.glob("probe-*.py")
+    planted = b"raise SystemExit('planted')\n"
+    stored.write_bytes(b"# sha256 " + hashlib.sha256(planted).hexdigest().encode() + b"\n"
+                       + planted)
+    _as_new_process()
+    assert payload.probe_script() == planted  # the plant is well made: a private cache reads it
+    cache.chmod(0o777)
+    _as_new_process()
+    assert payload.probe_script() == real
+    assert stored.read_bytes().endswith(planted)  # nor written
+
+
+def test_without_a_usable_cache_directory_the_script_is_built(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("GPUPROV_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    _as_new_process()
+    try:
+        proc = run_payload(["--root", str(ROOTS / "gpu-node")])
+    finally:
+        _as_new_process()
+    assert payload.check_exit(proc.returncode, proc.stdout.decode(),
+                              proc.stderr.decode())["summary"]["pci_gpu_count"] == 2
+
+
+def test_the_cache_keeps_the_newest_scripts_only(cache):
+    cache.mkdir(mode=0o700)
+    older = [cache / f"probe-{i:064x}.py" for i in range(payload.CACHE_KEEP)]  # oldest first
+    for i, path in enumerate(older):
+        path.write_bytes(b"")
+        os.utime(path, (1000 + i, 1000 + i))
+    other = cache / "mig-apply-0.py"
+    other.write_bytes(b"")
+    os.utime(other, (1, 1))
+    payload.probe_script()
+    kept = {p.name for p in cache.glob("probe-*.py")}
+    assert len(kept) == payload.CACHE_KEEP
+    assert older[0].name not in kept and older[1].name in kept  # the oldest went
+    assert other.exists()  # another entry's scripts are not this one's to count
+
+
+def test_building_the_script_does_not_import_pynvml(tmp_path):
+    # The controller only ships pynvml; importing it costs as much CPU as probing two nodes.
+    code = ("import sys; from gpuprov import payload; payload.probe_script(); "
+            "sys.exit('pynvml' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "GPUPROV_CACHE_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr or "pynvml was imported"
 
 
 # -- over SSH ---------------------------------------------------------------------------------

@@ -134,18 +134,45 @@ def branch(facts: NodeFacts) -> Verdict:
 
 def _branch_peers(facts: NodeFacts, branch: int) -> dict[str, str]:
     """Node -> driver version, for every reachable node whose chosen branch is `branch`."""
-    peers = {}
-    for name, other in {**facts.fleet, facts.node.name: facts}.items():
-        version = loaded_driver(other)
-        if version is None or not other.pci:
-            continue
-        try:
-            choice = expected_branch(other)
-        except ValueError:
-            continue
-        if choice.ok and choice.branch == branch:
-            peers[name] = version
+    peers = {name: version for name, (chosen, version) in _fleet_choices(facts.fleet).items()
+             if chosen == branch}
+    own = _chosen_and_loaded(facts)
+    if own is not None and own[0] == branch:
+        peers[facts.node.name] = own[1]
+    else:
+        peers.pop(facts.node.name, None)
     return peers
+
+
+def _chosen_and_loaded(facts: NodeFacts) -> tuple[int | None, str] | None:
+    """(the branch chosen for the node, its loaded driver); None without GPUs, a known driver
+    or a branch that can drive them."""
+    version = loaded_driver(facts)
+    if version is None or not facts.pci:
+        return None
+    try:
+        choice = expected_branch(facts)
+    except ValueError:
+        return None
+    return (choice.branch, version) if choice.ok else None
+
+
+# The last fleet's choices, with that fleet and day. Every node's driver.branch compares it with
+# the whole fleet (the runner gives all nodes of a run one fleet mapping): choosing again for
+# each pair made the checks quadratic, 1.1 CPU-s for 1024 nodes.
+_fleet_memo: tuple[Mapping[str, NodeFacts], datetime.date, dict] | None = None
+
+
+def _fleet_choices(fleet: Mapping[str, NodeFacts]) -> dict[str, tuple[int | None, str]]:
+    """Node -> _chosen_and_loaded, for the fleet's nodes that have one; once per fleet."""
+    global _fleet_memo
+    memo, day = _fleet_memo, today()
+    if memo is not None and memo[0] is fleet and memo[1] == day:
+        return memo[2]
+    choices = {name: entry for name, other in fleet.items()
+               if (entry := _chosen_and_loaded(other)) is not None}
+    _fleet_memo = (fleet, day, choices)
+    return choices
 
 
 
