@@ -142,8 +142,29 @@ def need(*tools: str) -> None:
         )
 
 
+# gpg-agent's socket is <GNUPGHOME>/S.gpg-agent(.browser, .extra, .ssh); a Unix socket's path
+# fits in 108 bytes (unix(7): sun_path). A deeper key directory (a lab in pytest-xdist's temp
+# directories) leaves gpg with "No agent running": it is reached through a short link instead.
+_SOCKET_ROOM = 107 - len("/S.gpg-agent.browser")
+
+
 def gpg_env(home: Path) -> dict:
-    return {**os.environ, "GNUPGHOME": str(home), "LC_ALL": "C"}
+    return {**os.environ, "GNUPGHOME": str(_short(home)), "LC_ALL": "C"}
+
+
+def _short(home: Path) -> Path:
+    """home, or a short link to it (the same link for the same home) where its sockets' paths
+    would not fit."""
+    if len(str(home)) <= _SOCKET_ROOM:
+        return home
+    link = Path(tempfile.gettempdir()) / (
+        "gpuprov-gnupg-" + hashlib.sha256(str(home).encode()).hexdigest()[:12])
+    if not (link.is_symlink() and os.readlink(link) == str(home)):
+        tmp = link.with_name(f"{link.name}.{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(home)
+        os.replace(tmp, link)
+    return link
 
 
 def ensure_key(home: Path, uid: str = KEY_UID) -> str:

@@ -110,3 +110,16 @@ def test_nvidia_ctk_writes_a_cdi_spec_of_the_simulated_gpus(tmp_path):
     unknown = subprocess.run([*ctk, "runtime", "configure"], capture_output=True, text=True,
                              check=False)
     assert unknown.returncode == 2 and "not simulated" in unknown.stderr
+
+
+def test_a_key_directory_too_deep_for_gpg_agents_socket_still_signs(tmp_path,
+                                                                   assert_signed_by):
+    """gpg-agent's socket must fit in a Unix socket path (108 bytes): labs in pytest-xdist's
+    temp directories are that deep, and gpg said "No agent running" there."""
+    deep = tmp_path / ("d" * (120 - len(str(tmp_path)))) / "pkgrepo"
+    assert len(str(deep / "gnupg" / "S.gpg-agent.browser")) > 108
+    repo = pkgrepo.build_repo(deep)
+    work = tmp_path / "verify"
+    work.mkdir(mode=0o700)
+    assert_signed_by(repo.key_file, repo.root / "stable" / "deb" / "amd64", repo.fingerprint,
+                     work)
