@@ -116,7 +116,7 @@ def choose(setting: object, runtime: str, version_text: object = None) -> Choice
 
 
 def spec_problem(record: dict | None, gpus: list, driver_version: str | None) -> str | None:
-    """What is wrong with the toolkit's CDI spec (gpuprov.probe.runtime.cdi_record's record of
+    """What is wrong with the toolkit's CDI spec (gpuprov.node.probe.runtime.cdi_record's record of
     /var/run/cdi/nvidia.yaml; None: no such file) for a node whose NVML shows `gpus`
     ([{index, uuid}]) and `driver_version`; None when it names every GPU by index and by UUID
     and was generated for the installed driver."""

@@ -100,7 +100,7 @@ def tool():
 @pytest.fixture(scope="session")
 def ansible_plugin():
     """Load one of the repo's Ansible plugins (plugins/<kind>/<name>.py) as a module: they are
-    files Ansible loads by path, not a package (plugins/filter/gpuprov.py would shadow the
+    files Ansible loads by path, not a package (plugins/filter/gpu_preflight.py would shadow the
     gpuprov package on sys.path)."""
 
     def load(relative: str) -> ModuleType:

@@ -14,7 +14,7 @@ from gpuprov.verify.inventory import Node
 @dataclasses.dataclass(frozen=True)
 class NodeFacts:
     node: Node
-    report: Mapping[str, Any]  # the probe report (gpuprov/probe/__init__.py)
+    report: Mapping[str, Any]  # the probe report (gpuprov/node/probe/__init__.py)
     # Every reachable node's facts, by name: checks that compare nodes (driver.branch).
     fleet: Mapping[str, NodeFacts] = dataclasses.field(default_factory=dict, compare=False)
 

@@ -35,7 +35,7 @@ TOOLKIT_RUNTIME_VAR = "nvidia_container_toolkit_runtime"
 # MIG devices as resources (none, single, mixed): the labels role's setting, which defaults
 # to the device plugin role's.
 MIG_STRATEGY_VARS = ("gpu_node_labels_mig_strategy", "nvidia_device_plugin_mig_strategy")
-# The MIG layout declared for the node (a name in mig-parted's format, gpuprov/mig.py), and
+# The MIG layout declared for the node (a name in mig-parted's format, gpuprov/nvidia/mig.py), and
 # the layouts to look it up in (a mig-parted document; default: gpuprov's defaults).
 MIG_CONFIG_VAR = "gpu_mig_config"
 MIG_CONFIGS_VAR = "gpu_mig_configs"
@@ -74,7 +74,7 @@ class Node:
     container_runtime: str | None = None  # None: containerd (the toolkit role's default)
     mig_strategy: str = "none"  # the device plugin role's default
     mig_config: str | None = None  # None: no MIG layout declared
-    mig_configs: Any = None  # None: gpuprov.mig.default_configs()
+    mig_configs: Any = None  # None: gpuprov.nvidia.mig.default_configs()
 
     @property
     def node_name(self) -> str:

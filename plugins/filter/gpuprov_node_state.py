@@ -26,10 +26,10 @@ INSTALL_HINT = (
 def _checks() -> Any:
     # Imported on first use: Ansible loads every filter plugin for every template.
     try:
-        from gpuprov import node_checks
+        from gpuprov.stages import _node_read
     except ImportError as exc:
         raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
-    return node_checks
+    return _node_read
 
 
 def file_current(files: Any, path: Any, content: Any, mode: str = "0644") -> bool:

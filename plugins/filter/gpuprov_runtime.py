@@ -1,8 +1,8 @@
 """Ansible filters that merge NVIDIA's runtime into a node's container runtime config.
 
 The nvidia_container_toolkit role reads the node's files (slurp), these filters compute
-the new contents on the controller with gpuprov.runtime_config (containerd's import rules
-are the probe's, gpuprov.probe.runtime), and the role writes them back with
+the new contents on the controller with gpuprov.stages._runtime_config (containerd's import rules
+are the probe's, gpuprov.node.probe.runtime), and the role writes them back with
 ansible.builtin.copy (backup, diff, check mode). Nothing here is shipped to nodes.
 
     main_text | gpuprov_containerd_import_dirs(main_path)
@@ -34,10 +34,10 @@ INSTALL_HINT = (
 def _runtime_config() -> Any:
     # Imported on first use: Ansible loads every filter plugin for every template.
     try:
-        from gpuprov import runtime_config
+        from gpuprov.stages import _runtime_config
     except ImportError as exc:
         raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
-    return runtime_config
+    return _runtime_config
 
 
 def _text(value: Any) -> str | None:

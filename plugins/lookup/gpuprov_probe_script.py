@@ -19,10 +19,10 @@ short_description: gpuprov's node probe as a self-contained python3 script
 description:
   - Returns the script that C(gpuprov.payload.probe_script()) builds, as text. Fed to
     C(python3 -I - [--root DIR]) on a node, it prints the probe's JSON report (see
-    C(gpuprov/probe/__init__.py) for the schema) and writes nothing there.
+    C(gpuprov/node/probe/__init__.py) for the schema) and writes nothing there.
   - Needs gpuprov (and nvidia-ml-py) importable by the Python that runs Ansible.
   - Takes no terms for the probe. The term C(mig-apply) gives the MIG stage's applier
-    instead (C(gpuprov/mig_apply.py), run as C(python3 -I - PLAN [--apply]) by the gpu_mig
+    instead (C(gpuprov/node/mig_apply.py), run as C(python3 -I - PLAN [--apply]) by the gpu_mig
     role), packed the same way.
 options:
   _terms:

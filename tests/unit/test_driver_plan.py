@@ -1,5 +1,6 @@
-"""The nvidia_driver role's decisions (gpuprov/driver_plan.py), as the role calls them through
-plugins/filter/gpuprov_driver.py, with the role's own per-OS data (roles/nvidia_driver/vars)."""
+"""The nvidia_driver role's decisions (gpuprov/stages/nvidia_driver.py), as the role calls them
+through plugins/filter/nvidia_driver.py, with the role's own per-OS data
+(roles/nvidia_driver/vars)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 
-from gpuprov import driver_plan
+from gpuprov.stages import nvidia_driver
 
 VARS = Path(__file__).resolve().parents[2] / "roles" / "nvidia_driver" / "vars"
 MAIN = yaml.safe_load((VARS / "main.yml").read_text())
@@ -42,7 +43,7 @@ def _settings(os_file: str = "Debian_12", **overrides) -> dict:
 
 @pytest.fixture(scope="module")
 def driver(ansible_plugin):
-    return ansible_plugin("filter/gpuprov_driver.py")
+    return ansible_plugin("filter/nvidia_driver.py")
 
 
 def test_debian_535_proprietary_by_default_pinned_with_apt_syntax(driver):
@@ -177,7 +178,7 @@ def test_settings_fields_are_the_ones_the_role_passes():
     check = (VARS.parent / "tasks" / "check.yml").read_text()
     passed = {line.split("'")[1] for line in check.splitlines()
               if line.strip().startswith(("{{ {'", "'")) and "':" in line}
-    assert passed and passed <= set(driver_plan.Settings.__dataclass_fields__)
+    assert passed and passed <= set(nvidia_driver.Settings.__dataclass_fields__)
 
 
 @pytest.mark.parametrize("state, installed, expected", [
@@ -191,11 +192,11 @@ def test_settings_fields_are_the_ones_the_role_passes():
 ])
 def test_a_reboot_is_required_for_nouveau_or_a_module_of_another_version(state, installed,
                                                                           expected):
-    assert driver_plan.reboot_required(state, installed) is expected
+    assert nvidia_driver.reboot_required(state, installed) is expected
 
 
 # nvidia_driver_source: nvidia on Debian: NVIDIA's CUDA repository, names and layout as its
-# installation guide gives them (gpuprov.driver_branches [cuda-debian]).
+# installation guide gives them (gpuprov.nvidia.driver_branches [cuda-debian]).
 def _cuda_settings(os_file: str = "Debian_13", **overrides) -> dict:
     data = _os_data(os_file)
     return _settings(os_file, **{
@@ -354,7 +355,7 @@ def test_headers_missing_on_a_converged_node_are_apt_work(driver):
     assert work["apt_work"] == ["linux-headers-amd64"] and not work["apt_converged"]
 
 
-# The kernel the node boots next (gpuprov/probe/boot.py's read), as the role rebuilds it.
+# The kernel the node boots next (gpuprov/node/probe/boot.py's read), as the role rebuilds it.
 NEXT = "6.1.0-50-amd64"
 
 

@@ -132,7 +132,7 @@ def test_settings_the_plugin_refuses(env):
 
 
 def test_the_rules_take_the_same_toolkit_defaults_as_the_probe():
-    from gpuprov.probe import runtime as probe_runtime
+    from gpuprov.node.probe import runtime as probe_runtime
 
     assert rules.TOOLKIT_DEFAULTS == probe_runtime.TOOLKIT_KEYS
 

@@ -1,4 +1,4 @@
-"""gpuprov.mig_stage: the gpu_mig role's decisions, on recorded probe reports of the lab's
+"""gpuprov.stages.gpu_mig: the gpu_mig role's decisions, on recorded probe reports of the lab's
 nodes (tests/fixtures/verify/probe, recorded by tests/fixtures/verify/record.py from the
 simulated NVML), with NVML's MIG sections changed as a partitioned GPU reports them."""
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import mig, mig_stage
+from gpuprov.nvidia import mig
+from gpuprov.stages import gpu_mig
 
 PROBES = Path(__file__).parents[1] / "fixtures" / "verify" / "probe"
 
@@ -34,13 +35,13 @@ def node(labels=None, annotations=None, cordoned=False) -> dict:
 
 
 def test_no_layout_declared_changes_nothing():
-    found = mig_stage.plan(probe("gpu-hopper"), None)
+    found = gpu_mig.plan(probe("gpu-hopper"), None)
     assert found["managed"] is False and found["skip"] is True
     assert "MIG left as it is" in found["summary"]
 
 
 def test_a_node_without_mig_capable_gpus_changes_nothing_and_says_so():
-    found = mig_stage.plan(probe("gpu-pascal"), "all-1g.10gb", None, node())
+    found = gpu_mig.plan(probe("gpu-pascal"), "all-1g.10gb", None, node())
     assert found["capable"] == [] and found["change"] == {} and found["skip"] is True
     assert found["apply"]["gpus"] == []
     assert found["summary"] == "no MIG-capable GPU on the node: nothing to change"
@@ -48,7 +49,7 @@ def test_a_node_without_mig_capable_gpus_changes_nothing_and_says_so():
 
 def test_all_1g_on_eight_whole_h100s_plans_seven_instances_each_largest_first():
     report = probe("gpu-hopper")
-    found = mig_stage.plan(report, "all-1g.10gb", None, node())
+    found = gpu_mig.plan(report, "all-1g.10gb", None, node())
     gpus = report["nvml"]["gpus"]
     assert sorted(found["change"]) == [g["index"] for g in gpus]
     assert all("the layout wants it on" in why for why in found["change"].values())
@@ -62,63 +63,63 @@ def test_all_1g_on_eight_whole_h100s_plans_seven_instances_each_largest_first():
 
 
 def test_the_patches_cordon_pause_the_plugin_and_give_back_what_was_there():
-    found = mig_stage.plan(probe("gpu-hopper"), "all-1g.10gb", None,
-                           node(labels={mig_stage.PLUGIN_DEPLOY_LABEL: "true"}))
+    found = gpu_mig.plan(probe("gpu-hopper"), "all-1g.10gb", None,
+                           node(labels={gpu_mig.PLUGIN_DEPLOY_LABEL: "true"}))
     start = found["start_patch"]
     assert start["spec"] == {"unschedulable": True}
     assert start["metadata"]["labels"] == {
-        mig_stage.CONFIG_LABEL: "all-1g.10gb", mig_stage.STATE_LABEL: "pending",
-        mig_stage.PLUGIN_DEPLOY_LABEL: mig_stage.PAUSED}
-    assert start["metadata"]["annotations"] == {mig_stage.WAS_CORDONED: "false",
-                                                 mig_stage.PLUGIN_WAS: "true"}
+        gpu_mig.CONFIG_LABEL: "all-1g.10gb", gpu_mig.STATE_LABEL: "pending",
+        gpu_mig.PLUGIN_DEPLOY_LABEL: gpu_mig.PAUSED}
+    assert start["metadata"]["annotations"] == {gpu_mig.WAS_CORDONED: "false",
+                                                 gpu_mig.PLUGIN_WAS: "true"}
     done = found["done_patch"]
     assert done["spec"] == {"unschedulable": False}
-    assert done["metadata"]["labels"][mig_stage.PLUGIN_DEPLOY_LABEL] == "true"
-    assert done["metadata"]["labels"][mig_stage.STATE_LABEL] == "success"
-    assert done["metadata"]["annotations"] == dict.fromkeys(mig_stage.ANNOTATIONS)
-    failed = mig_stage.failure_patch("why", found["failed_labels"])
+    assert done["metadata"]["labels"][gpu_mig.PLUGIN_DEPLOY_LABEL] == "true"
+    assert done["metadata"]["labels"][gpu_mig.STATE_LABEL] == "success"
+    assert done["metadata"]["annotations"] == dict.fromkeys(gpu_mig.ANNOTATIONS)
+    failed = gpu_mig.failure_patch("why", found["failed_labels"])
     assert failed == {"spec": {"unschedulable": True}, "metadata": {
-        "labels": {mig_stage.STATE_LABEL: "failed", mig_stage.PLUGIN_DEPLOY_LABEL: "true"},
-        "annotations": {mig_stage.FAILED: "why"}}}
+        "labels": {gpu_mig.STATE_LABEL: "failed", gpu_mig.PLUGIN_DEPLOY_LABEL: "true"},
+        "annotations": {gpu_mig.FAILED: "why"}}}
 
 
 def test_a_node_cordoned_before_stays_cordoned_and_an_absent_plugin_label_is_removed():
-    found = mig_stage.plan(probe("gpu-hopper"), "all-1g.10gb", None, node(cordoned=True))
+    found = gpu_mig.plan(probe("gpu-hopper"), "all-1g.10gb", None, node(cordoned=True))
     assert "spec" not in found["done_patch"]
-    assert found["done_patch"]["metadata"]["labels"][mig_stage.PLUGIN_DEPLOY_LABEL] is None
-    assert found["start_patch"]["metadata"]["annotations"][mig_stage.WAS_CORDONED] == "true"
+    assert found["done_patch"]["metadata"]["labels"][gpu_mig.PLUGIN_DEPLOY_LABEL] is None
+    assert found["start_patch"]["metadata"]["annotations"][gpu_mig.WAS_CORDONED] == "true"
 
 
 def test_a_rerun_after_a_stop_midway_reads_what_the_first_run_recorded():
     # The first run cordoned an uncordoned node and paused the plugin, then stopped.
-    midway = node(labels={mig_stage.PLUGIN_DEPLOY_LABEL: mig_stage.PAUSED},
-                  annotations={mig_stage.WAS_CORDONED: "false", mig_stage.PLUGIN_WAS: ""},
+    midway = node(labels={gpu_mig.PLUGIN_DEPLOY_LABEL: gpu_mig.PAUSED},
+                  annotations={gpu_mig.WAS_CORDONED: "false", gpu_mig.PLUGIN_WAS: ""},
                   cordoned=True)
     report = probe("gpu-hopper")
     for i in range(len(report["nvml"]["gpus"])):
         report = partitioned(report, i, {"1g.10gb": 7})
-    found = mig_stage.plan(report, "all-1g.10gb", None, midway)
+    found = gpu_mig.plan(report, "all-1g.10gb", None, midway)
     assert found["change"] == {}
-    assert found["skip"] is False and found["unfinished"] == [mig_stage.WAS_CORDONED,
-                                                               mig_stage.PLUGIN_WAS]
+    assert found["skip"] is False and found["unfinished"] == [gpu_mig.WAS_CORDONED,
+                                                               gpu_mig.PLUGIN_WAS]
     assert found["done_patch"]["spec"] == {"unschedulable": False}
-    assert found["done_patch"]["metadata"]["labels"][mig_stage.PLUGIN_DEPLOY_LABEL] is None
+    assert found["done_patch"]["metadata"]["labels"][gpu_mig.PLUGIN_DEPLOY_LABEL] is None
 
 
 def test_the_layout_in_place_only_labels():
     report = probe("gpu-hopper")
     for i in range(len(report["nvml"]["gpus"])):
         report = partitioned(report, i, {"1g.10gb": 7})
-    found = mig_stage.plan(report, "all-1g.10gb", None, node())
+    found = gpu_mig.plan(report, "all-1g.10gb", None, node())
     assert found["change"] == {} and found["skip"] is True
     assert found["labels_patch"] == {"metadata": {"labels": {
-        mig_stage.CONFIG_LABEL: "all-1g.10gb", mig_stage.STATE_LABEL: "success"}}}
+        gpu_mig.CONFIG_LABEL: "all-1g.10gb", gpu_mig.STATE_LABEL: "success"}}}
     assert found["summary"] == "layout all-1g.10gb is in place on 8 MIG-capable GPU(s)"
 
 
 def test_only_the_gpus_that_differ_are_in_the_applier_plan():
     report = partitioned(probe("gpu-hopper"), 3, {"1g.10gb": 7})
-    found = mig_stage.plan(report, "all-disabled", None, node())
+    found = gpu_mig.plan(report, "all-disabled", None, node())
     assert list(found["change"]) == [3]
     assert found["apply"]["gpus"] == [{"index": 3, "mig_enabled": False, "instances": []}]
 
@@ -126,7 +127,7 @@ def test_only_the_gpus_that_differ_are_in_the_applier_plan():
 def test_a_pending_mode_is_a_difference():
     report = copy.deepcopy(probe("gpu-hopper"))
     report["nvml"]["gpus"][1]["mig"] = {"current": False, "pending": True, "devices": []}
-    found = mig_stage.plan(report, "all-disabled", None, node())
+    found = gpu_mig.plan(report, "all-disabled", None, node())
     assert list(found["change"]) == [1] and "pending" in found["change"][1]
 
 
@@ -134,7 +135,7 @@ def test_custom_layouts_in_mig_parteds_format_select_gpus_by_index():
     configs = {"version": "v1", "mig-configs": {"half": [
         {"devices": [0, 1], "mig-enabled": True, "mig-devices": {"3g.40gb": 2}},
         {"devices": "all", "mig-enabled": False}]}}
-    found = mig_stage.plan(probe("gpu-hopper"), "half", configs, node())
+    found = gpu_mig.plan(probe("gpu-hopper"), "half", configs, node())
     assert sorted(found["change"]) == [0, 1]
     assert [(i["profile"], i["start"]) for i in found["apply"]["gpus"][0]["instances"]] == [
         ("3g.40gb", 0), ("3g.40gb", 4)]
@@ -148,16 +149,16 @@ def test_custom_layouts_in_mig_parteds_format_select_gpus_by_index():
      "takes at most 2 3g.40gb"),
 ])
 def test_a_layout_the_node_cannot_take_fails_before_any_change(config, configs, words):
-    with pytest.raises(mig_stage.StageError) as error:
-        mig_stage.plan(probe("gpu-hopper"), config, configs, node())
+    with pytest.raises(gpu_mig.StageError) as error:
+        gpu_mig.plan(probe("gpu-hopper"), config, configs, node())
     assert words in str(error.value) and "\n" not in str(error.value)
 
 
 def test_a_node_whose_nvml_does_not_answer_fails_with_what_to_do():
     report = copy.deepcopy(probe("gpu-hopper"))
     report["nvml"] = {"available": False, "gpus": []}
-    with pytest.raises(mig_stage.StageError, match="run the driver stage"):
-        mig_stage.plan(report, "all-1g.10gb", None, node())
+    with pytest.raises(gpu_mig.StageError, match="run the driver stage"):
+        gpu_mig.plan(report, "all-1g.10gb", None, node())
 
 
 def _pod(name, resources=None, owner=None, phase="Running", init=False):
@@ -183,13 +184,13 @@ def test_the_pods_to_evict_are_those_that_hold_gpus():
         _pod("job", {"limits": {"nvidia.com/gpu": 1}}, owner="Job"),
         _pod("done", {"limits": {"nvidia.com/gpu": 1}}, phase="Succeeded"),
     ]
-    assert [p["name"] for p in mig_stage.gpu_pods(pods)] == ["whole", "mig", "init", "job"]
+    assert [p["name"] for p in gpu_mig.gpu_pods(pods)] == ["whole", "mig", "init", "job"]
 
 
-# -- the role's filters (plugins/filter/gpuprov_mig.py) ----------------------------------------
+# -- the role's filters (plugins/filter/gpu_mig.py) ----------------------------------------
 @pytest.fixture(scope="module")
 def filters(ansible_plugin):
-    return ansible_plugin("filter/gpuprov_mig.py")
+    return ansible_plugin("filter/gpu_mig.py")
 
 
 def test_the_plan_filter_fails_with_the_stages_one_line(filters):
@@ -212,11 +213,11 @@ def test_the_appliers_report_is_its_last_json_line_or_why_there_is_none(filters)
 def test_the_failure_names_the_task_and_keeps_the_node_cordoned(filters):
     failed = filters.failure({"name": "Apply the MIG layout to the GPUs"},
                              {"msg": "GPU 0: MIG mode is still off\nafter the GPU reset"},
-                             {mig_stage.STATE_LABEL: "failed"})
+                             {gpu_mig.STATE_LABEL: "failed"})
     assert failed["reason"] == ("Apply the MIG layout to the GPUs: GPU 0: MIG mode is still off "
                                 "after the GPU reset")
     assert failed["patch"]["spec"] == {"unschedulable": True}
-    assert failed["patch"]["metadata"]["annotations"] == {mig_stage.FAILED: failed["reason"]}
+    assert failed["patch"]["metadata"]["annotations"] == {gpu_mig.FAILED: failed["reason"]}
 
 
 def test_mig_parteds_own_example_config_plans_an_a100_node_as_mig_parted_would():
@@ -229,12 +230,12 @@ def test_mig_parteds_own_example_config_plans_an_a100_node_as_mig_parted_would()
     report = copy.deepcopy(probe("gpu-hopper"))
     for gpu in report["nvml"]["gpus"]:
         gpu["pci_device_id"] = "10de:20b0"
-    found = mig_stage.plan(report, "custom-config", configs, node())
+    found = gpu_mig.plan(report, "custom-config", configs, node())
     assert sorted(found["change"]) == [4, 5, 6, 7]
     wanted = {g["index"]: sorted(i["profile"] for i in g["instances"])
               for g in found["apply"]["gpus"]}
     assert wanted == {4: ["1g.5gb"] * 7, 5: ["2g.10gb"] * 3, 6: ["3g.20gb"] * 2,
                       7: ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]}
     # The same file on H100s: their profiles are named otherwise, and the stage says so.
-    with pytest.raises(mig_stage.StageError, match="H100-80GB has no MIG profile '1g.5gb'"):
-        mig_stage.plan(probe("gpu-hopper"), "all-1g.5gb", configs, node())
+    with pytest.raises(gpu_mig.StageError, match="H100-80GB has no MIG profile '1g.5gb'"):
+        gpu_mig.plan(probe("gpu-hopper"), "all-1g.5gb", configs, node())

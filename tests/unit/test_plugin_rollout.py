@@ -1,6 +1,7 @@
 """The nvidia_device_plugin role's decisions from the Kubernetes API's answers
-(gpuprov/plugin_rollout.py), through plugins/filter/gpuprov_kube.py. The objects are shaped as
-the API serves them (metadata, status; the k8s module's result of a multi-object apply)."""
+(gpuprov/stages/nvidia_device_plugin.py), through plugins/filter/nvidia_device_plugin.py. The
+objects are shaped as the API serves them (metadata, status; the k8s module's result of a
+multi-object apply)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ SELECTOR = {"nvidia.com/gpu.present": "true"}
 
 @pytest.fixture(scope="module")
 def kube(ansible_plugin):
-    return ansible_plugin("filter/gpuprov_kube.py")
+    return ansible_plugin("filter/nvidia_device_plugin.py")
 
 
 def _node(name: str, gpus: str | None = None, **labels) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuprov import runtime_mode as rm
-from gpuprov.probe import runtime as probe_runtime
+from gpuprov.node.probe import runtime as probe_runtime
 
 # `containerd --version` of Debian 12's, Debian 13's and unstable's binaries (fetched into the
 # machine's cache by scripts/fetch-containerd.sh).

@@ -1,6 +1,6 @@
 """gpu_preflight's and gpu_node_labels' decisions about the probe run and what it found
-(gpuprov/stage_probe.py), through plugins/filter/gpuprov.py, and the labels role's node and
-taint plans (gpuprov/labels.py)."""
+(gpuprov/stages/gpu_preflight.py), through plugins/filter/gpu_preflight.py, and the labels
+role's node and taint plans (gpuprov/nvidia/labels.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from gpuprov import labels
+from gpuprov.nvidia import labels
 
 PROBES = Path(__file__).resolve().parents[1] / "fixtures" / "verify" / "probe"
 TOO_OLD = "gpuprov probe needs python3 >= 3.9, this node has 3.6.8"
@@ -18,7 +18,7 @@ TOO_OLD = "gpuprov probe needs python3 >= 3.9, this node has 3.6.8"
 
 @pytest.fixture(scope="module")
 def gpuprov(ansible_plugin):
-    return ansible_plugin("filter/gpuprov.py")
+    return ansible_plugin("filter/gpu_preflight.py")
 
 
 @pytest.mark.parametrize("interpreter, discovered, expected", [

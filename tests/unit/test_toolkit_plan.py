@@ -1,6 +1,6 @@
-"""The nvidia_container_toolkit role's decisions (gpuprov/toolkit_plan.py), as the role calls
-them through plugins/filter/gpuprov_toolkit.py, with the role's own data (vars/main.yml,
-defaults/main.yml)."""
+"""The nvidia_container_toolkit role's decisions (gpuprov/stages/nvidia_container_toolkit.py), as
+the role calls them through plugins/filter/nvidia_container_toolkit.py, with the role's own data
+(vars/main.yml, defaults/main.yml)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 from test_runtime_mode import SPEC
 
-from gpuprov import toolkit_plan
+from gpuprov.stages import nvidia_container_toolkit
 
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "nvidia_container_toolkit"
 DATA = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
@@ -33,7 +33,7 @@ def _settings(**overrides) -> dict:
 
 @pytest.fixture(scope="module")
 def toolkit(ansible_plugin):
-    return ansible_plugin("filter/gpuprov_toolkit.py")
+    return ansible_plugin("filter/nvidia_container_toolkit.py")
 
 
 def test_the_plan_pins_all_four_packages_and_names_the_files(toolkit):
@@ -156,7 +156,7 @@ def test_settings_fields_are_the_ones_the_role_passes():
     check = (ROLE / "tasks" / "check.yml").read_text()
     passed = {line.split("'")[1] for line in check.splitlines()
               if line.strip().startswith(("{{ {'", "'")) and "':" in line}
-    assert passed and passed <= set(toolkit_plan.Settings.__dataclass_fields__)
+    assert passed and passed <= set(nvidia_container_toolkit.Settings.__dataclass_fields__)
 
 
 def test_a_toolkit_config_that_is_not_toml_is_one_clear_error(toolkit):
@@ -183,9 +183,9 @@ NVML = {"driver_version": "580.105.08", "gpus": [{"index": 0, "uuid": "GPU-aaaa"
 ])
 def test_the_cdi_spec_is_refreshed_only_when_it_is_not_current(text, nvml, driver_changed,
                                                                refresh):
-    from gpuprov import toolkit_plan
+    from gpuprov.stages import nvidia_container_toolkit
 
-    assert toolkit_plan.cdi_refresh(text, nvml, driver_changed) is refresh
+    assert nvidia_container_toolkit.cdi_refresh(text, nvml, driver_changed) is refresh
 
 
 def test_cdi_mode_on_containerd_2_is_not_the_default_runtime(toolkit):

@@ -1,4 +1,4 @@
-"""The gpu_node_upgrade role's decisions (plugins/filter/gpuprov_upgrade.py), called directly.
+"""The gpu_node_upgrade role's decisions (plugins/filter/gpu_node_upgrade.py), called directly.
 
 The probe reports are the recorded ones of tests/fixtures/verify/probe (what gpu_preflight
 reads on a lab node), the verify output is gpuprov's own table formatter's.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from gpuprov import task_failure
+from gpuprov.stages import _task_failure
 from gpuprov.verify.findings import FAIL, PASS, WARN, Finding
 from gpuprov.verify.report import table
 
@@ -23,7 +23,7 @@ PROBES = ROOT / "tests" / "fixtures" / "verify" / "probe"
 
 @pytest.fixture(scope="module")
 def upgrade(ansible_plugin):
-    return ansible_plugin("filter/gpuprov_upgrade.py")
+    return ansible_plugin("filter/gpu_node_upgrade.py")
 
 
 def _probe(name: str = "gpu-pascal") -> dict:
@@ -297,7 +297,7 @@ def test_the_failure_reason_is_the_task_and_its_message_on_one_line(upgrade):
 def test_a_long_failure_reason_is_cut(upgrade):
     failure = upgrade.failure({"name": "Assert that every check passed"},
                               {"msg": "gpuprov verify exited 1: " + "FAIL gpu.ecc x " * 100})
-    assert len(failure["reason"]) == task_failure.REASON_MAX
+    assert len(failure["reason"]) == _task_failure.REASON_MAX
     assert failure["reason"].startswith("Assert that every check passed: gpuprov verify exited 1")
     assert failure["reason"].endswith("...")
 

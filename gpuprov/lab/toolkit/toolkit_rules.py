@@ -61,7 +61,7 @@ CDI_KINDS = ("nvidia.com/gpu", "k8s.device-plugin.nvidia.com/gpu", "runtime.nvid
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 ENVVAR_UNPRIVILEGED = "accept-nvidia-visible-devices-envvar-when-unprivileged"
 AS_VOLUME_MOUNTS = "accept-nvidia-visible-devices-as-volume-mounts"
-# What the toolkit assumes when its config.toml lacks a key. gpuprov.probe.runtime has the
+# What the toolkit assumes when its config.toml lacks a key. gpuprov.node.probe.runtime has the
 # same table; this module also runs on the lab's nodes (the runtime stand-in), where gpuprov
 # is not installed, so it keeps its own copy and a unit test keeps the two equal.
 TOOLKIT_DEFAULTS = {ENVVAR_UNPRIVILEGED: True, AS_VOLUME_MOUNTS: False}

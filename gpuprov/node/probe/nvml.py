@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from .. import hardware
+from ...nvidia import hardware
 
 # Enum values from nvml.h; they are part of NVML's stable ABI, and naming them here
 # keeps the probe independent of which pynvml version (or test double) is loaded.

@@ -1,11 +1,11 @@
 """Ansible filters that make the gpu_mig role's decisions (playbooks/mig.yml).
 
 The role reads (the probe report, the Node, the pods) and writes (Node patches, evictions, the
-node's MIG layout through gpuprov/mig_apply.py); what to do with what it read is decided in
-gpuprov.mig_stage and gpuprov.mig, in Python with unit tests, on the controller.
+node's MIG layout through gpuprov/node/mig_apply.py); what to do with what it read is decided in
+gpuprov.stages.gpu_mig and gpuprov.nvidia.mig, in Python with unit tests, on the controller.
 
     probe | gpuprov_mig_plan(config, configs=None, node=None)
-        -> gpuprov.mig_stage.plan(): {"managed", "capable", "change", "skip", "summary",
+        -> gpuprov.stages.gpu_mig.plan(): {"managed", "capable", "change", "skip", "summary",
            "apply", "start_patch", "done_patch", "labels_patch", "failed_labels", ...}
     pods | gpuprov_mig_gpu_pods          -> [{"namespace", "name"}, ...] to evict
     stdout | gpuprov_mig_applied(rc)     -> the applier's report, or why it has none
@@ -30,10 +30,10 @@ INSTALL_HINT = (
 def _stage() -> Any:
     # Imported on first use: Ansible loads every filter plugin for every template.
     try:
-        from gpuprov import mig_stage
+        from gpuprov.stages import gpu_mig
     except ImportError as exc:
         raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
-    return mig_stage
+    return gpu_mig
 
 
 def mig_plan(probe: Any, config: Any, configs: Any = None, node: Any = None) -> dict:
@@ -56,7 +56,7 @@ def gpu_pods(pods: Any) -> list[dict]:
 
 
 def applied(stdout: Any, rc: Any) -> dict:
-    """The report gpuprov/mig_apply.py printed (its last JSON line), with `error` set where it
+    """The report gpuprov/node/mig_apply.py printed (its last JSON line), with `error` set where it
     printed none."""
     for line in reversed(str(stdout or "").splitlines()):
         if line.startswith("{"):
@@ -72,9 +72,9 @@ def applied(stdout: Any, rc: Any) -> dict:
 
 
 def failure(task: Any, result: Any, failed_labels: Any) -> dict:
-    from gpuprov import task_failure
+    from gpuprov.stages import _task_failure
 
-    reason = task_failure.reason(task, result)
+    reason = _task_failure.reason(task, result)
     labels = failed_labels if isinstance(failed_labels, Mapping) else {}
     return {"reason": reason, "annotation": _stage().FAILED,
             "patch": _stage().failure_patch(reason, labels)}

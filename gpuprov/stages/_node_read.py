@@ -1,7 +1,7 @@
-"""Questions the roles ask about a node's state (gpuprov.probe.node_state's read).
+"""Questions the roles ask about a node's state (gpuprov.node.probe.node_state's read).
 
-Pure functions over the read, shared by the roles' plans (gpuprov/driver_plan.py, ...) and
-the gpuprov_node_state filters (plugins/filter/gpuprov_node_state.py).
+Pure functions over the read, shared by the roles' plans (gpuprov/stages/nvidia_driver.py, ...) and
+the gpuprov_node_state filters (plugins/filter/nvidia_driver.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Ansible filters: the nvidia_device_plugin role's decisions from what the Kubernetes API
-answered (gpuprov/plugin_rollout.py says what each means).
+answered (gpuprov/stages/nvidia_device_plugin.py says what each means).
 
     node_list | gpuprov_plugin_node_problem(gpu_nodes, selector, check_mode)  -> text | None
     applied | gpuprov_plugin_daemonset                  -> the DaemonSet the apply answered
@@ -28,10 +28,10 @@ INSTALL_HINT = (
 def _rollout() -> Any:
     # Imported on first use: Ansible loads every filter plugin for every template.
     try:
-        from gpuprov import plugin_rollout
+        from gpuprov.stages import nvidia_device_plugin
     except ImportError as exc:
         raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
-    return plugin_rollout
+    return nvidia_device_plugin
 
 
 def _names(filter_name: str, names: Any) -> list:

@@ -1,8 +1,8 @@
-"""Ansible filters: the nvidia_container_toolkit role's decisions (gpuprov/toolkit_plan.py) and
-its config.toml merge (gpuprov/toolkit_config.py).
+"""Ansible filters: the nvidia_container_toolkit role's decisions (gpuprov/stages/nvidia_container_toolkit.py) and
+its config.toml merge (gpuprov/stages/_toolkit_config.py).
 
     settings | gpuprov_toolkit_plan
-        -> the plan before the node is read (gpuprov.toolkit_plan.plan: install_names,
+        -> the plan before the node is read (gpuprov.stages.nvidia_container_toolkit.plan: install_names,
            runtime, written_files, read_configs, key_source, gpu_access, problem)
     state | gpuprov_toolkit_work(plan, probe_packages, apt_sources=text|None)
         -> what the node's read leaves to do (runtime_problem, keyring_found, keyring_ok,
@@ -12,10 +12,10 @@ its config.toml merge (gpuprov/toolkit_config.py).
         -> {"dearmor_needed", "work"}: the repository steps after the key was fetched
 
     text | gpuprov_toolkit_config(settings, path=...)
-        -> {"text", "changed"}   (gpuprov.toolkit_config.merge; the admin's keys and comments
+        -> {"text", "changed"}   (gpuprov.stages._toolkit_config.merge; the admin's keys and comments
                                   kept; text none: the file is missing)
     strategy | gpuprov_device_list_problems(hosts, hostvars)
-        -> [line, ...]           (gpuprov.toolkit_config.strategy_problems: the device
+        -> [line, ...]           (gpuprov.stages._toolkit_config.strategy_problems: the device
                                   plugin's strategy against the toolkit settings of each
                                   host that has GPUs, gpu_preflight_has_gpu; settings the
                                   inventory does not set are the toolkit role's defaults)
@@ -38,7 +38,7 @@ INSTALL_HINT = (
 )
 
 
-def _module(name: str = "toolkit_config") -> Any:
+def _module(name: str = "stages._toolkit_config") -> Any:
     # Imported on first use: Ansible loads every filter plugin for every template.
     try:
         return importlib.import_module(f"gpuprov.{name}")
@@ -50,7 +50,7 @@ def toolkit_plan(settings: Any) -> dict:
     if not isinstance(settings, Mapping):
         raise AnsibleFilterError(
             f"gpuprov_toolkit_plan expects the role's settings, got {settings!r}")
-    module = _module("toolkit_plan")
+    module = _module("stages.nvidia_container_toolkit")
     try:
         return module.plan(module.Settings.from_vars(settings))
     except (TypeError, ValueError) as exc:
@@ -65,7 +65,7 @@ def toolkit_work(state: Any, plan: Any, probe_packages: Any, apt_sources: Any = 
                                  f"probe's package list, got {state!r}, {plan!r}, "
                                  f"{probe_packages!r}")
     try:
-        return _module("toolkit_plan").work(
+        return _module("stages.nvidia_container_toolkit").work(
             plan, state, probe_packages, apt_sources=apt_sources,
             nvml=nvml if isinstance(nvml, Mapping) else None,
             driver_changed=_bool(driver_changed))
@@ -76,7 +76,7 @@ def toolkit_work(state: Any, plan: Any, probe_packages: Any, apt_sources: Any = 
 def toolkit_repository(work: Any, manage_repo: Any, key_changed: Any) -> dict:
     if not isinstance(work, Mapping):
         raise AnsibleFilterError(f"gpuprov_toolkit_repository expects the work, got {work!r}")
-    return _module("toolkit_plan").repository(work, manage_repo=_bool(manage_repo),
+    return _module("stages.nvidia_container_toolkit").repository(work, manage_repo=_bool(manage_repo),
                                               key_changed=_bool(key_changed))
 
 

@@ -1,16 +1,16 @@
 """Ansible filters that give the gpu_node_labels role gpuprov's label computation.
 
 The role and `gpuprov verify` must agree on a node's labels, so the computation exists once,
-in gpuprov.labels; these filters call the gpuprov package the controller's Python has
+in gpuprov.nvidia.labels; these filters call the gpuprov package the controller's Python has
 installed (`pip install -e .`). They run on the controller, like every filter.
 
     probe_report | gpuprov_node_labels(series_key='gputype')
         -> {"gputype": "p100", "nvidia.com/gpu.product": "Tesla-P100-PCIE-16GB", ...}
     key | gpuprov_label_owned(series_key='gputype')  -> bool
     nodes | gpuprov_label_node_plan(node_name, expected, series_key='gputype')
-        -> {"found", "patch", "removed"}: the role's work on the node (gpuprov.labels.node_plan)
+        -> {"found", "patch", "removed"}: the role's work on the node (gpuprov.nvidia.labels.node_plan)
     taints | gpuprov_taint_plan(key, value, effect)
-        -> {"tainted", "taints"}: the node's taints with gpuprov's (gpuprov.labels.taint_plan)
+        -> {"tainted", "taints"}: the node's taints with gpuprov's (gpuprov.nvidia.labels.taint_plan)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ INSTALL_HINT = (
 def _labels() -> Any:
     # Imported on first use: Ansible loads every filter plugin for every template.
     try:
-        from gpuprov import labels
+        from gpuprov.nvidia import labels
     except ImportError as exc:
         raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
     return labels
@@ -43,7 +43,7 @@ def _mapping(value: Any, filter_name: str, what: str) -> Mapping:
 
 def gpuprov_node_labels(report: Any, series_key: str = "gputype",
                         mig_strategy: str = "none") -> dict[str, str]:
-    """The labels gpuprov owns for the node a probe report describes (gpuprov.labels)."""
+    """The labels gpuprov owns for the node a probe report describes (gpuprov.nvidia.labels)."""
     labels = _labels()
     _mapping(report, "gpuprov_node_labels", "a gpuprov probe report (a dict)")
     try:

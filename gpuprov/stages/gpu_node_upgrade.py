@@ -34,7 +34,7 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from gpuprov import task_failure
+from gpuprov.stages import _task_failure
 
 FAILED = "gpuprov.io/upgrade-failed"
 WAS_CORDONED = "gpuprov.io/upgrade-was-cordoned"
@@ -223,18 +223,18 @@ def verify_failures(stdout: Any, rc: Any, stderr: Any = "") -> str:
     FAIL and ERROR lines (the table's rows start with the status), else the last line it
     wrote on stderr (a configuration error)."""
     text = _ANSI.sub("", stdout) if isinstance(stdout, str) else ""
-    problems = [task_failure.one_line(line) for line in text.splitlines()
+    problems = [_task_failure.one_line(line) for line in text.splitlines()
                 if line.split()[:1] and line.split()[0] in _VERIFY_PROBLEM]
     if not problems:
         last = [line for line in str(stderr or "").splitlines() if line.strip()]
-        problems = [task_failure.one_line(last[-1])] if last else ["see its report"]
+        problems = [_task_failure.one_line(last[-1])] if last else ["see its report"]
     return f"gpuprov verify exited {rc}: {' | '.join(problems)}"
 
 
 def failure(task: Any, result: Any) -> dict:
     """In the role's rescue: the reason (the failed task's name and its message, one line of
     at most REASON_MAX characters), and the patch that keeps the node cordoned with it."""
-    reason = task_failure.reason(task, result)
+    reason = _task_failure.reason(task, result)
     return {
         "reason": reason,
         "annotation": FAILED,

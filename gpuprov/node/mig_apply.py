@@ -2,7 +2,7 @@
 the planned layout. Shipped by gpuprov/payload.py (standard library and pynvml only, as the
 probe), started by the gpu_mig role as `python3 -I - PLAN [--apply]`.
 
-PLAN is JSON that gpuprov.mig.node_plan() computes on the controller from the node's probe
+PLAN is JSON that gpuprov.nvidia.mig.node_plan() computes on the controller from the node's probe
 and the declared layout, so that every decision is made there and tested there:
 
     {"gpus": [{"index": 0, "mig_enabled": true,
@@ -22,7 +22,7 @@ loses its compute instances, then its GPU instances; then the mode is set and, w
 driver keeps it pending (nvmlDeviceSetMigMode's activation status NVML_ERROR_RESET_REQUIRED),
 the GPU is reset with nvidia-smi; then each GPU instance is created with a compute instance
 that spans it (what `nvidia-smi mig -cgi ... -C` does). Unlike mig-parted this creates each
-instance at a planned placement (gpuprov.mig.placements), not the driver's default one.
+instance at a planned placement (gpuprov.nvidia.mig.placements), not the driver's default one.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def read_gpu(nv: Any, handle: Any) -> dict:
             device = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
         except nv.NVMLError_NotFound:
             continue
-        # NVML names a MIG device "<GPU name> MIG <profile>" (gpuprov/probe/nvml.py reads it so).
+        # NVML names a MIG device "<GPU name> MIG <profile>" (gpuprov/node/probe/nvml.py reads it
+        # so).
         profile = _text(nv.nvmlDeviceGetName(device)).rpartition(" MIG ")[2]
         devices[profile] = devices.get(profile, 0) + 1
     return {"current": bool(current), "pending": bool(pending), "devices": devices}
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = None
     if not isinstance(plan, dict) or not isinstance(plan.get("gpus"), list):
         print(json.dumps({"error": "PLAN must be JSON with a gpus list "
-                                   "(gpuprov.mig.node_plan)"}))
+                                   "(gpuprov.nvidia.mig.node_plan)"}))
         return 2
     import pynvml as nv
 

@@ -1,18 +1,18 @@
 """What the nvidia_container_toolkit role does on a node: decided here, in tested Python, and
-called from the role's set_fact tasks (plugins/filter/gpuprov_toolkit.py):
+called from the role's set_fact tasks (plugins/filter/nvidia_container_toolkit.py):
 
     plan(settings)               before the node is read: what apt/dnf are asked for, the
                                  runtime's entry, the files the role writes and reads, the
                                  GPU-access keys wanted, and the first problem with the settings
-    work(plan, state, probe)     after the node is read (gpuprov.probe.node_state) and with the
+    work(plan, state, probe)     after the node is read (gpuprov.node.probe.node_state) and with the
                                  preflight's probe report of this run: the runtime problem, the
                                  keyring and sources file as found, the packages missing or not
                                  held, containerd's config and the toolkit's merged
     repository(work, ...)        after the key was fetched: whether to dearmor it, and whether
                                  the repository steps have work at all
 
-The containerd/Docker/CRI-O merges are gpuprov/runtime_config.py's, the toolkit's config.toml
-gpuprov/toolkit_config.py's. Messages name the host and say what to do.
+The containerd/Docker/CRI-O merges are gpuprov/stages/_runtime_config.py's, the toolkit's
+config.toml gpuprov/stages/_toolkit_config.py's. Messages name the host and say what to do.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuprov import runtime_mode, toolkit_config
-from gpuprov.node_checks import file_current, packages_missing, plain
-from gpuprov.probe import runtime as probe_runtime
+from gpuprov import runtime_mode
+from gpuprov.node.probe import runtime as probe_runtime
+from gpuprov.stages import _toolkit_config
+from gpuprov.stages._node_read import file_current, packages_missing, plain
 
 # apt: name=version, dnf: name-version.
 VERSION_SEPARATORS = {"apt": "=", "dnf": "-"}
@@ -93,7 +94,8 @@ def plan(s: Settings) -> dict:
         # The armoured key as fetched, kept next to the keyring so that a rotated key is
         # noticed and dearmored again (apt reads neither file unless a source names it).
         "key_source": re.sub(r"\.gpg$", "", s.keyring) + ".asc",
-        # The toolkit's GPU-access keys as the settings want them (gpuprov/toolkit_config.py).
+        # The toolkit's GPU-access keys as the settings want them
+        # (gpuprov/stages/_toolkit_config.py).
         "gpu_access": {
             "accept-nvidia-visible-devices-envvar-when-unprivileged": s.accept_envvar_unprivileged,
             "accept-nvidia-visible-devices-as-volume-mounts": s.accept_volume_mounts,
@@ -159,7 +161,7 @@ def work(the_plan: Mapping, state: Mapping, probe_packages: list, *,
         "containerd_text": contents.get(s["containerd_config"]),
         # The toolkit's config.toml with the GPU-access keys set, from the file as read (none:
         # missing, e.g. in check mode before the package is installed): {"text", "changed"}.
-        "config": toolkit_config.merge(contents.get(s["toolkit_config"]), the_plan["gpu_access"],
+        "config": _toolkit_config.merge(contents.get(s["toolkit_config"]), the_plan["gpu_access"],
                                        path=s["toolkit_config"]),
     }
 

@@ -1,6 +1,6 @@
 """The nvidia_device_plugin role's decisions about the cluster, from what the Kubernetes API
 answered (k8s_info's resources, the k8s module's apply result), called through the filters in
-plugins/filter/gpuprov_kube.py:
+plugins/filter/nvidia_device_plugin.py:
 
     node_problem       before the apply: GPU nodes the cluster does not know, and those the
                        DaemonSet's nodeSelector leaves out (None when there are none)

@@ -1,10 +1,10 @@
 """What the nvidia_driver role does on a node: decided here, in tested Python, and called from
-the role's two set_fact tasks (plugins/filter/gpuprov_driver.py):
+the role's two set_fact tasks (plugins/filter/nvidia_driver.py):
 
     plan(settings)        before the node is read: the kernel module flavour, the packages
                           and what apt/dnf are asked for, the files the role writes, and the
                           first problem with the settings (None when there is none)
-    work(plan, state, ...) after each read of the node (gpuprov.probe.node_state): the
+    work(plan, state, ...) after each read of the node (gpuprov.node.probe.node_state): the
                           driver version installed, apt's work left, the packages whose hold
                           is not the one wanted, whether apt has nothing to do, what is
                           wrong with what is installed, and whether the node must reboot
@@ -19,9 +19,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuprov.driver_branches import NVIDIA, source_for
-from gpuprov.node_checks import file_current, packages_missing, plain
-from gpuprov.probe import boot as boot_probe
+from gpuprov.node.probe import boot as boot_probe
+from gpuprov.nvidia.driver_branches import NVIDIA, source_for
+from gpuprov.stages._node_read import file_current, packages_missing, plain
 
 # apt: name=version, dnf: name-version.
 VERSION_SEPARATORS = {"apt": "=", "dnf": "-"}
@@ -367,7 +367,7 @@ def next_kernel_work(the_plan: Mapping, state: Mapping, current: str | None) -> 
     """The kernel the node boots next, where it has no nvidia module of the installed driver:
     {"kernel", "headers", "reason"}, the headers to install and the kernel to run `dkms
     autoinstall -k` for. The same judgement as verify's driver.next-boot, from the same read
-    (gpuprov/probe/boot.py). None: nothing to build (no kernel image in /boot, no driver
+    (gpuprov/node/probe/boot.py). None: nothing to build (no kernel image in /boot, no driver
     installed yet, or the module there is the installed driver's)."""
     boot = state.get("boot") or {}
     reason = boot_probe.next_boot_problem(boot, current) if the_plan.get(

@@ -18,7 +18,7 @@ controller, like every filter; nothing here is shipped to nodes.
     choice | gpuprov_choice_text        -> the chooser's reason and notes
     supported_os | gpuprov_os_problem(host=..., distribution=..., major=..., os_id=...)
         -> what is wrong with the node's OS for gpu_preflight, or none
-(gpuprov/stage_probe.py says what each decides.)
+(gpuprov/stages/gpu_preflight.py says what each decides.)
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _gpuprov() -> tuple[Any, Any]:
     # Imported on first use, not at load time: Ansible loads every filter plugin for every
     # template, and a playbook that never classifies a GPU must not fail on a missing gpuprov.
     try:
-        from gpuprov import driver_branches, hardware
+        from gpuprov.nvidia import driver_branches, hardware
     except ImportError as exc:
         raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
     return hardware, driver_branches
@@ -81,7 +81,7 @@ def gpuprov_classify(devices: Any) -> list[dict]:
 
 
 def gpuprov_probe_gpus(pci: Any) -> list[dict]:
-    """A probe report's "pci" list (gpuprov/probe/__init__.py) as flat GPU records for roles.
+    """A probe report's "pci" list (gpuprov/node/probe/__init__.py) as flat GPU records for roles.
 
     Each GPU keeps its PCI fields, with "device_id" named "pci_id" as in the other filters,
     and the classification the probe made on the node merged in. A GPU the hardware table
@@ -108,7 +108,7 @@ def gpuprov_choose_branch(
     chip_names: Any = None,
 ) -> dict:
     """The driver branch for a node with these GPUs on this OS, from the driver source
-    (nvidia_driver_source; None: the OS's default) (see gpuprov.driver_branches). chip_names:
+    (nvidia_driver_source; None: the OS's default) (see gpuprov.nvidia.driver_branches). chip_names:
     PCI ID -> the node's pci.ids name, for GPUs the hardware table lacks."""
     _, driver_branches = _gpuprov()
     ids = [str(i) for i in _items(pci_ids, "gpuprov_choose_branch")]
@@ -128,10 +128,10 @@ def gpuprov_choose_branch(
 
 def _stage_probe() -> Any:
     try:
-        from gpuprov import stage_probe
+        from gpuprov.stages import gpu_preflight
     except ImportError as exc:
         raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
-    return stage_probe
+    return gpu_preflight
 
 
 def gpuprov_node_python(interpreter: Any, discovered: Any = None) -> str:

@@ -1,9 +1,9 @@
-"""Ansible filters: the nvidia_driver role's decisions (gpuprov/driver_plan.py).
+"""Ansible filters: the nvidia_driver role's decisions (gpuprov/stages/nvidia_driver.py).
 
     settings | gpuprov_driver_plan
         -> the plan before the node is read: flavour, driver_packages, extra_packages,
            install_names, held_packages, dnf_module_stream, written_files, problem
-           (settings: gpuprov.driver_plan.Settings' fields, as roles/nvidia_driver/tasks/
+           (settings: gpuprov.stages.nvidia_driver.Settings' fields, as roles/nvidia_driver/tasks/
            check.yml passes them)
     state | gpuprov_driver_work(plan, host=..., hold=..., headers=[...],
                                 forbidden=[...], check_mode=..., apt_sources=text|None,
@@ -30,10 +30,10 @@ INSTALL_HINT = (
 def _driver_plan() -> Any:
     # Imported on first use: Ansible loads every filter plugin for every template.
     try:
-        from gpuprov import driver_plan
+        from gpuprov.stages import nvidia_driver
     except ImportError as exc:
         raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
-    return driver_plan
+    return nvidia_driver
 
 
 def driver_plan(settings: Any) -> dict:

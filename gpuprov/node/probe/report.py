@@ -28,7 +28,7 @@ def _section(func: Callable[[], Any], errors: dict, name: str, default: Any) -> 
 
 
 def collect(root: str = "/", nvml_module: Any = None, run: packages.Runner | None = None) -> dict:
-    """The probe report (schema: see gpuprov.probe). Read-only; never raises."""
+    """The probe report (schema: see gpuprov.node.probe). Read-only; never raises."""
     started = time.monotonic()
     fs = Root(root)
     errors: dict = {}

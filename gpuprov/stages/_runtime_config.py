@@ -1,9 +1,9 @@
 """NVIDIA's runtime merged into a node's container runtime configuration, never overwritten.
 
 The nvidia_container_toolkit role calls these functions on the controller (through
-plugins/filter/gpuprov_runtime.py) with the files it read from the node, and writes back
+plugins/filter/nvidia_container_toolkit.py) with the files it read from the node, and writes back
 what they return. Reading applies containerd's own import rules, which live once, in the
-probe (gpuprov.probe.runtime): the probe, `gpuprov verify` and the lab's emulated device
+probe (gpuprov.node.probe.runtime): the probe, `gpuprov verify` and the lab's emulated device
 plugin judge the result with the same code.
 
 containerd: a drop-in file, imported by the main config.toml. containerd 1.x (Debian 12
@@ -49,7 +49,7 @@ except ImportError:  # Python < 3.11 on the controller
 import tomlkit
 
 from gpuprov import runtime_mode
-from gpuprov.probe import runtime as probe_runtime
+from gpuprov.node.probe import runtime as probe_runtime
 
 CONTAINERD_CONFIG = probe_runtime.CONTAINERD_CONFIG
 NVIDIA_DROP_IN = "/etc/containerd/conf.d/99-nvidia.toml"

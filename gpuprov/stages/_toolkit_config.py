@@ -12,7 +12,7 @@ volume-mounts strategy). `nvidia-ctk config default` writes keys at their defaul
 comments, so the keys are written uncommented here; a commented line is not a setting.
 
 The nvidia_container_toolkit role calls `merge` through the gpuprov_toolkit_config filter
-(plugins/filter/gpuprov_toolkit.py) and writes the result back with a backup.
+(plugins/filter/nvidia_container_toolkit.py) and writes the result back with a backup.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ except ImportError:  # Python < 3.11 on the controller
 
 import tomlkit
 
-from gpuprov.probe.runtime import TOOLKIT_CONFIG, TOOLKIT_KEYS
+from gpuprov.node.probe.runtime import TOOLKIT_CONFIG, TOOLKIT_KEYS
 
 ENVVAR_UNPRIVILEGED = "accept-nvidia-visible-devices-envvar-when-unprivileged"
 AS_VOLUME_MOUNTS = "accept-nvidia-visible-devices-as-volume-mounts"

@@ -312,7 +312,7 @@ _BY_NAME = {model.name: model for model in MODELS}
 
 
 def node_plan(layouts: Iterable[GpuLayout]) -> dict[str, Any]:
-    """What gpuprov/mig_apply.py does on the node: per GPU that a layout entry takes, its mode
+    """What gpuprov/node/mig_apply.py does on the node: per GPU that a layout entry takes, its mode
     and its instances in creation order with their placements (placements()). GPUs without
     MIG, or that no entry takes, are left out: they are left alone. ConfigError when a GPU's
     layout cannot be placed."""

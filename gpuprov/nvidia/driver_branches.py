@@ -49,9 +49,9 @@ Sources (retrieved 2026-11-22):
 
 Branches 590 and later (590, 595, 610, 615, 620) are listed for NVIDIA's repositories of every
 release whose CUDA 13 support NVIDIA documents; they drive no Maxwell, Pascal or Volta GPU
-(hardware.py). Which branch a node gets when none is pinned: the newest one NVIDIA still
-supports (an LTSB or PB before its end of life, gpuprov/driver_lifecycle.py) that drives every
-GPU; a new feature branch only where no supported one fits, as NVIDIA advises datacenters.
+(hardware.py). Which branch a node gets when none is pinned: the newest one NVIDIA still supports
+(an LTSB or PB before its end of life, gpuprov/nvidia/driver_lifecycle.py) that drives every GPU; a
+new feature branch only where no supported one fits, as NVIDIA advises datacenters.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuprov import driver_lifecycle
-from gpuprov.hardware import NVIDIA_VENDOR_ID, Classification, classify, parse_pci_id
+from gpuprov.nvidia import driver_lifecycle
+from gpuprov.nvidia.hardware import NVIDIA_VENDOR_ID, Classification, classify, parse_pci_id
 
 # NVIDIA's open kernel modules are production quality for datacenter GPUs from R515.
 OPEN_MODULES_MIN_BRANCH = 515

@@ -1,5 +1,5 @@
 """The gpu_preflight and gpu_node_labels roles' decisions about the probe they run on a node
-and what it found, called through plugins/filter/gpuprov.py:
+and what it found, called through plugins/filter/gpu_preflight.py:
 
     node_python(interpreter, discovered)  the python3 Ansible runs modules with on the node
     probe_outcome(run, ...)               the probe's report, or why there is none
@@ -82,6 +82,6 @@ def os_problem(*, host: str, distribution: str, major: str, supported: Iterable[
     if os_id is None:
         return (f"{name} is in gpu_preflight_supported_os but gpu_preflight has no data for it: "
                 f"add roles/gpu_preflight/vars/{distribution}_{major}.yml and its driver "
-                "packages to gpuprov.driver_branches, or remove it from "
+                "packages to gpuprov.nvidia.driver_branches, or remove it from "
                 "gpu_preflight_supported_os.")
     return None

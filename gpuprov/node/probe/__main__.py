@@ -1,4 +1,4 @@
-"""`python3 -m gpuprov.probe [--root DIR]`: print the probe report as one JSON line.
+"""`python3 -m gpuprov.node.probe [--root DIR]`: print the probe report as one JSON line.
 
 This is also what the payload (gpuprov/payload.py) runs on a node.
 """

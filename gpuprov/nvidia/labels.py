@@ -1,11 +1,12 @@
 """Node probe report -> the node labels gpuprov owns. The one label computation.
 
-Used by the gpu_node_labels role (through plugins/filter/gpuprov_labels.py) to label nodes,
-and by `gpuprov verify` (check k8s.labels) to detect drift. Standard library + gpuprov.hardware.
+Used by the gpu_node_labels role (through plugins/filter/gpu_node_labels.py) to label nodes,
+and by `gpuprov verify` (check k8s.labels) to detect drift. Standard library +
+gpuprov.nvidia.hardware.
 
 Labels (every value a string, as Kubernetes wants):
 
-    <series key> (default "gputype")   lower-case model designation from gpuprov.hardware
+    <series key> (default "gputype")   lower-case model designation from gpuprov.nvidia.hardware
                                        (k80, p100, v100, t4, a100, h100, ...). A node mixing
                                        models gets the sorted distinct designations joined with
                                        "-" ("p100-v100"), so that `nodeSelector: {gputype: v100}`
@@ -65,7 +66,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuprov import hardware
+from gpuprov.nvidia import hardware
 
 DEFAULT_SERIES_KEY = "gputype"
 
@@ -94,7 +95,7 @@ GFD_KEYS: tuple[str, ...] = (
 MIG_STRATEGY = "nvidia.com/mig.strategy"
 MIG_STRATEGIES = ("none", "single", "mixed")
 # A MIG device's attributes as GFD labels them (nvml-mig-device.go GetAttributes), and where
-# the probe has each (gpuprov/probe/nvml.py _mig).
+# the probe has each (gpuprov/node/probe/nvml.py _mig).
 _MIG_ATTRIBUTES = (
     ("memory", ("memory_mb",)), ("multiprocessors", ("multiprocessors",)),
     ("slices.gi", ("gpu_instance_slices",)), ("slices.ci", ("compute_instance_slices",)),

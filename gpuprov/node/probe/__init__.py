@@ -2,14 +2,14 @@
 
 It runs on nodes that have only python3 >= 3.9 (Debian 11+, Ubuntu 22.04+, RHEL 9+;
 RHEL 8's platform python 3.6 is not supported: install python39 there), shipped by
-gpuprov/payload.py together with gpuprov/hardware.py and pynvml. So this package
-imports only the standard library, gpuprov.hardware, and pynvml (lazily).
-Entry points: ``gpuprov.probe.report.collect(root="/") -> dict`` and
-``python3 -m gpuprov.probe``. The roles' own reads of a node (packages, modules, units, the
-files they write) are ``gpuprov.probe.node_state.read``, which Ansible ships to nodes as
+gpuprov/payload.py together with gpuprov/nvidia/hardware.py and pynvml. So this package
+imports only the standard library, gpuprov.nvidia.hardware, and pynvml (lazily).
+Entry points: ``gpuprov.node.probe.report.collect(root="/") -> dict`` and
+``python3 -m gpuprov.node.probe``. The roles' own reads of a node (packages, modules, units, the
+files they write) are ``gpuprov.node.probe.node_state.read``, which Ansible ships to nodes as
 the gpuprov_node_state module's module_utils (plugins/modules/gpuprov_node_state.py).
 Hence relative imports inside gpuprov/probe and nothing imported here: the package works
-both as ``gpuprov.probe`` and as ``ansible.module_utils.gpuprov.probe``, and the module
+both as ``gpuprov.node.probe`` and as ``ansible.module_utils.gpuprov.node.probe``, and the module
 carries only the files it imports.
 
 Errors are data: an NVML failure is {"code": int, "name": "NVML_ERROR_...",
@@ -35,7 +35,7 @@ Schema (schema_version 1; keys are always present, values may be null):
                       driver (bound kernel driver, e.g. "nvidia"),
                       pci_ids_name (the node's pci.ids name, read only for a device
                       gpuprov's table lacks: "GH100 [H100]"),
-                      classification (gpuprov.hardware.classify(...).to_dict()),
+                      classification (gpuprov.nvidia.hardware.classify(...).to_dict()),
                       classification_error ]
     nvml            available, error, library {path, version (from the file name of
                     the loaded libnvidia-ml, i.e. the user-space driver version)},
@@ -100,7 +100,7 @@ Schema (schema_version 1; keys are always present, values may be null):
     boot            kernels [/boot images], running_kernel, next_kernel (the newest image),
                     modules {release: {path, kind "dkms" | "packaged", version, signer,
                       sig_key, signed, error} | null}, secure_boot (null: no EFI variable),
-                    trusted_keys [asymmetric key descriptions] (gpuprov/probe/boot.py)
+                    trusted_keys [asymmetric key descriptions] (gpuprov/node/probe/boot.py)
     summary         pci_gpu_count, nvml_gpu_count, nvml_healthy_gpu_count, gpu_node
 
 "nvidia_runtime" means a runtime named "nvidia" whose binary is

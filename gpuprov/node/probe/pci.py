@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from .. import hardware
+from ...nvidia import hardware
 from .fs import Root
 
 NVIDIA_VENDOR = 0x10DE

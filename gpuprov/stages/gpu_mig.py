@@ -1,6 +1,6 @@
-"""The gpu_mig role's decisions, made on the controller (plugins/filter/gpuprov_mig.py calls
+"""The gpu_mig role's decisions, made on the controller (plugins/filter/gpu_mig.py calls
 them): which GPUs of a node need the declared MIG layout, what the node's applier does
-(gpuprov/mig_apply.py), which pods hold GPUs, and the Node patches of each step.
+(gpuprov/node/mig_apply.py), which pods hold GPUs, and the Node patches of each step.
 
 The steps and the Kubernetes keys follow NVIDIA's mig-manager (NVIDIA/mig-parted
 pkg/mig/reconfigure/reconfigure.go, read 2026-11-26): `nvidia.com/mig.config` names the layout
@@ -12,7 +12,7 @@ failure keeps it cordoned with the reason in an annotation, so that it is never 
 GPUs and no word why (gpu-operator issue #2833).
 
 The Node's gpuprov.io/mig-* annotations are the stage's memory between runs, as the driver
-upgrade's (plugins/filter/gpuprov_upgrade.py): whether the node was cordoned before the stage
+upgrade's (plugins/filter/gpu_node_upgrade.py): whether the node was cordoned before the stage
 cordoned it, the plugin label's value before the pause, and why the last change failed.
 """
 
@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuprov import mig
+from gpuprov.nvidia import mig
 
 CONFIG_LABEL = "nvidia.com/mig.config"
 STATE_LABEL = "nvidia.com/mig.config.state"
@@ -73,7 +73,7 @@ def plan(report: Mapping[str, Any], config: str | None, configs: Any = None,
          node: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What the stage does on one node. `report` is the node's probe report, `config` the
     layout name (gpu_mig_config; None: MIG is not managed on the node), `configs` a mig-parted
-    document (None: gpuprov's defaults, gpuprov.mig.default_configs()), `node` the Node.
+    document (None: gpuprov's defaults, gpuprov.nvidia.mig.default_configs()), `node` the Node.
 
     -> {"managed", "capable", "change": {index: why}, "skip", "unfinished", "summary",
         "apply": the applier's plan, "start_patch", "done_patch", "labels_patch"}
