@@ -210,9 +210,12 @@ def containerd_load(
 # sandbox_mode is 1.7's (1.6 ignores it; 2.x migrates it to sandboxer).
 _RUNC_V1 = {"runtime_type": "io.containerd.runc.v2", "sandbox_mode": "podsandbox"}
 _RUNC_V3 = {"runtime_type": "io.containerd.runc.v2", "sandboxer": "podsandbox"}
+# Pairs written out, not zip(..., strict=True): that is Python 3.10's, and the probe runs on
+# 3.9 nodes (a TypeError here, at import, cost them the whole report).
 CONTAINERD_CRI_BUILTIN = {
     keys[1]: {"default_runtime_name": "runc", "runtimes": {"runc": runc}}
-    for keys, runc in zip(CONTAINERD_CRI_TABLES, (_RUNC_V3, _RUNC_V1, _RUNC_V1), strict=True)
+    for keys, runc in ((CONTAINERD_CRI_TABLES[0], _RUNC_V3), (CONTAINERD_CRI_TABLES[1], _RUNC_V1),
+                       (CONTAINERD_CRI_TABLES[2], _RUNC_V1))
 }
 
 

@@ -14,7 +14,7 @@ import json
 import re
 
 try:
-    import tomllib
+    import tomllib  # novermin: the subset below stands in for it before 3.11
 except ImportError:  # Python < 3.11
     tomllib = None
 
