@@ -97,11 +97,16 @@ def tool():
     return lambda name: str(Path(sys.executable).parent / name)
 
 
+# The filter and lookup plugins import their shared code as the collection's
+# (ansible_collections.gpuprov.cluster.plugins.plugin_utils), which ansible-playbook finds through
+# ansible.cfg's collections_path; in this process the same folder is a namespace package root.
+sys.path.append(str(REPO / "collections"))
+
+
 @pytest.fixture(scope="session")
 def ansible_plugin():
-    """Load one of the repo's Ansible plugins (plugins/<kind>/<name>.py) as a module: they are
-    files Ansible loads by path, not a package (plugins/filter/gpu_preflight.py would shadow the
-    gpuprov package on sys.path)."""
+    """Load one of the repo's Ansible plugins (plugins/<kind>/<name>.py) as a module, by path as
+    Ansible loads them from ansible.cfg's plugin paths."""
 
     def load(relative: str) -> ModuleType:
         path = REPO / "plugins" / relative

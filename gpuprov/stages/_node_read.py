@@ -1,7 +1,8 @@
-"""Questions the roles ask about a node's state (gpuprov.node.probe.node_state's read).
+"""Questions the roles ask about a node's state (gpuprov.node.probe.node_state's read), and
+the roles' settings as plain Python.
 
-Pure functions over the read, shared by the roles' plans (gpuprov/stages/nvidia_driver.py, ...) and
-the gpuprov_node_state filters (plugins/filter/nvidia_driver.py).
+Pure functions over the read, shared by the nvidia_driver and nvidia_container_toolkit stages
+and by their gpuprov_file_current filter (plugins/filter/nvidia_driver.py).
 """
 
 from __future__ import annotations
@@ -58,3 +59,45 @@ def plain(value: object) -> object:
     if isinstance(value, float):
         return float(value)
     return str(value)
+
+
+# The Settings fields every role's plan reads from the host and its gathered facts (the stages'
+# SETTING_VARS tables start with them; plugins/lookup/gpuprov_stage_settings.py reads them).
+HOST_SETTING_VARS = {
+    "host": "inventory_hostname",
+    "os_name": "ansible_facts.distribution",
+    "os_version": "ansible_facts.distribution_major_version",
+}
+
+
+# Ansible's `| bool` (ansible.module_utils.parsing.convert_bool): these are true, all else false.
+_TRUE = frozenset(("y", "yes", "on", "1", "true", "t"))
+
+
+def truthy(value: object) -> bool:
+    """A setting as Ansible's `| bool` reads it: true, "yes", "on", 1 ... are true."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value == 1
+    return isinstance(value, str) and value.strip().lower() in _TRUE
+
+
+def settings_values(cls: type, values: Mapping, *, texts: tuple = (),
+                    optional_texts: tuple = (), tuples: tuple = ()) -> dict:
+    """A role's variables as the keyword arguments of its stage's Settings dataclass: unknown
+    names refused (ValueError), plain Python, each bool field read as Ansible's `| bool`,
+    `texts` as strings, `optional_texts` as strings unless None, `tuples` as tuples."""
+    fields = cls.__dataclass_fields__
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown settings {', '.join(unknown)}")
+    values = plain(values)
+    for name, spec in fields.items():
+        if spec.type == "bool" and name in values:
+            values[name] = truthy(values[name])
+    values.update({name: str(values.get(name)) for name in texts})
+    values.update({name: str(values[name]) for name in optional_texts
+                   if values.get(name) is not None})
+    values.update({name: tuple(values.get(name) or ()) for name in tuples})
+    return values

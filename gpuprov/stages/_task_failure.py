@@ -1,6 +1,6 @@
 """Why an Ansible task failed, in one line: what the rescue of a role that cordons a node (the
 driver upgrade, the MIG stage) puts in the Node's annotation and prints (`kubectl describe
-node` shows it). Called by their filters (plugins/filter/gpu_node_upgrade.py, gpuprov_mig.py)."""
+node` shows it). Shared by their stages (gpuprov/stages/gpu_node_upgrade.py, gpu_mig.py)."""
 
 from __future__ import annotations
 

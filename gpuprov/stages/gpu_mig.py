@@ -1,6 +1,7 @@
 """The gpu_mig role's decisions, made on the controller (plugins/filter/gpu_mig.py calls
 them): which GPUs of a node need the declared MIG layout, what the node's applier does
-(gpuprov/node/mig_apply.py), which pods hold GPUs, and the Node patches of each step.
+(gpuprov/node/mig_apply.py) and what it reported, which pods hold GPUs, and the Node patches of
+each step and of a failure.
 
 The steps and the Kubernetes keys follow NVIDIA's mig-manager (NVIDIA/mig-parted
 pkg/mig/reconfigure/reconfigure.go, read 2026-11-26): `nvidia.com/mig.config` names the layout
@@ -12,17 +13,19 @@ failure keeps it cordoned with the reason in an annotation, so that it is never 
 GPUs and no word why (gpu-operator issue #2833).
 
 The Node's gpuprov.io/mig-* annotations are the stage's memory between runs, as the driver
-upgrade's (plugins/filter/gpu_node_upgrade.py): whether the node was cordoned before the stage
+upgrade's (gpuprov/stages/gpu_node_upgrade.py): whether the node was cordoned before the stage
 cordoned it, the plugin label's value before the pause, and why the last change failed.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuprov.nvidia import mig
+from gpuprov.stages import _task_failure
 
 CONFIG_LABEL = "nvidia.com/mig.config"
 STATE_LABEL = "nvidia.com/mig.config.state"
@@ -184,3 +187,27 @@ def gpu_pods(pods: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
             found.append({"namespace": str(metadata.get("namespace") or "default"),
                           "name": str(metadata.get("name"))})
     return found
+
+
+def applied(stdout: str, rc: Any) -> dict[str, Any]:
+    """The report gpuprov/node/mig_apply.py printed (its last JSON line), with `error` set where
+    it printed none or exited non-zero without saying why."""
+    for line in reversed(str(stdout or "").splitlines()):
+        if line.startswith("{"):
+            try:
+                report = json.loads(line)
+            except ValueError:
+                break
+            if isinstance(report, dict):
+                if rc not in (0, "0") and not report.get("error"):
+                    report["error"] = f"the MIG applier exited {rc}"
+                return report
+    return {"error": f"the MIG applier exited {rc} without a report", "gpus": []}
+
+
+def failure(task: Any, result: Any, failed_labels: Mapping[str, Any]) -> dict[str, Any]:
+    """In the role's rescue: the reason (the failed task and its message, one line) and the
+    patch that keeps the node cordoned with it."""
+    reason = _task_failure.reason(task, result)
+    return {"reason": reason, "annotation": FAILED,
+            "patch": failure_patch(reason, failed_labels)}

@@ -1,22 +1,20 @@
-"""Ansible filters that make the gpu_node_upgrade role's decisions (playbooks/upgrade-driver.yml).
+"""The gpu_node_upgrade role's decisions (playbooks/upgrade-driver.yml), made on the controller
+and called through plugins/filter/gpu_node_upgrade.py. The role reads (the probe report, the
+Node, the pods, systemctl's list) and writes (patches, evictions); what to do with what it read
+is decided here.
 
-The role reads (the probe report, the Node, the pods, systemctl's list) and writes (patches,
-evictions); what to do with what it read is decided here, in Python with unit tests
-(tests/unit/test_upgrade_filters.py), on the controller. Nothing here is shipped to nodes.
-
-    probe | gpuprov_upgrade_plan(node, version=nvidia_driver_version, branch=...)
-        -> {"installed", "module", "target", "at_target", "unfinished", "skip",
-            "was_cordoned", "summary", "start_patch", "done_patch"}
-    timeout | gpuprov_upgrade_drain(force=False, delete_emptydir_data=False)
-        -> {"timeout", "delete_options", "retries", "delay"}   (k8s_drain's delete_options)
-    pods | gpuprov_upgrade_pods_left
-        -> ["namespace/name", ...]   pods the drain should have removed that are still running
-    stdout | gpuprov_upgrade_consumers(units, started_by_driver)
-        -> {"stop": [unit, ...], "start": [unit, ...]}
-    stdout | gpuprov_upgrade_verify_failures(rc, stderr)
-        -> "gpuprov verify exited 1: FAIL gpu.ecc ... | ..."
-    ansible_failed_task | gpuprov_upgrade_failure(ansible_failed_result)
-        -> {"reason", "annotation", "patch"}
+    plan(probe, node, version, branch)   {"installed", "module", "target", "at_target",
+                                          "unfinished", "skip", "was_cordoned", "summary",
+                                          "start_patch", "done_patch"}
+    drain(timeout, force, delete_emptydir_data)
+                                         {"timeout", "delete_options", "retries", "delay"}
+                                         (k8s_drain's delete_options)
+    pods_left(pods)                      ["namespace/name", ...]: pods the drain should have
+                                         removed that are still running
+    consumers(stdout, units, started_by_driver)
+                                         {"stop": [unit, ...], "start": [unit, ...]}
+    verify_failures(stdout, rc, stderr)  "gpuprov verify exited 1: FAIL gpu.ecc ... | ..."
+    failure(task, result)                {"reason", "annotation", "patch"}
 
 The Node's upgrade annotations (ANNOTATIONS) are the role's memory between runs: whether the
 node was cordoned before the upgrade cordoned it (so that a rollout stopped at any point gives
@@ -30,9 +28,6 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
-
-from ansible.errors import AnsibleFilterError
-from ansible.module_utils.parsing.convert_bool import boolean
 
 from gpuprov.stages import _task_failure
 
@@ -51,23 +46,8 @@ _VERIFY_PROBLEM = ("FAIL", "ERROR")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _mapping(value: Any, filter_name: str, what: str) -> Mapping:
-    if not isinstance(value, Mapping):
-        raise AnsibleFilterError(f"{filter_name} expects {what}, got {value!r}")
-    return value
-
-
-def _list(value: Any, filter_name: str, what: str) -> list:
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
-        raise AnsibleFilterError(f"{filter_name} expects {what}, got {value!r}")
-    return list(value)
-
-
-def _flag(value: Any, name: str) -> bool:
-    try:
-        return boolean(value, strict=True)
-    except TypeError:
-        raise AnsibleFilterError(f"{name} must be true or false, got {value!r}") from None
+class UpgradeError(ValueError):
+    """The settings give the upgrade no target; the message says what to set."""
 
 
 def target_pattern(version: Any) -> str | None:
@@ -78,7 +58,7 @@ def target_pattern(version: Any) -> str | None:
         return None
     upstream = _EPOCH.sub("", str(version).strip()).split("-", 1)[0].split("~", 1)[0]
     if not upstream or upstream.strip("*?") == "":
-        raise AnsibleFilterError(f"nvidia_driver_version {version!r} names no driver version")
+        raise UpgradeError(f"nvidia_driver_version {version!r} names no driver version")
     return upstream
 
 
@@ -93,18 +73,16 @@ def _installed(probe: Mapping) -> tuple[str | None, str | None]:
     return library, loaded or None
 
 
-def plan(probe: Any, node: Any, version: Any = None, branch: Any = None) -> dict:
+def plan(probe: Mapping, node: Mapping, version: Any = None, branch: Any = None) -> dict:
     """What the upgrade does with this node. A node is at the target when its library is the
     pinned version (or of the branch when none is pinned) and no other kernel module is
     loaded; it is skipped only when at the target and no earlier run left it half-done (an
     upgrade annotation on the Node): a rerun then resumes a stopped rollout where it ended,
     and upgrades a failed node again."""
-    probe = _mapping(probe, "gpuprov_upgrade_plan", "the node's probe report (gpu_preflight_probe)")
-    node = _mapping(node, "gpuprov_upgrade_plan", "the Node object (k8s_info's resources[0])")
     pattern = target_pattern(version)
     if pattern is None and (branch is None or str(branch).strip() in ("", "None")):
-        raise AnsibleFilterError(
-            "gpuprov_upgrade_plan: no target: neither nvidia_driver_version nor a driver branch "
+        raise UpgradeError(
+            "no target: neither nvidia_driver_version nor a driver branch "
             "(gpu_preflight_driver_branch) is set; run the gpu_preflight role first")
     library, module = _installed(probe)
     if library is None:
@@ -152,7 +130,7 @@ def _summary(library: str | None, module: str | None, target: str, skip: bool,
     return f"driver {driver}, target {target} -> {action}{note}"
 
 
-def drain(timeout: Any, force: Any = False, delete_emptydir_data: Any = False) -> dict:
+def drain(timeout: Any, force: bool = False, delete_emptydir_data: bool = False) -> dict:
     """k8s_drain's delete_options, and how often the role retries the drain: evictions, so
     PodDisruptionBudgets are respected; DaemonSet pods stay (they would come back at once)."""
     try:
@@ -160,16 +138,15 @@ def drain(timeout: Any, force: Any = False, delete_emptydir_data: Any = False) -
     except ValueError:
         seconds = 0
     if seconds < 1:
-        raise AnsibleFilterError(
+        raise UpgradeError(
             f"gpu_node_upgrade_drain_timeout must be a whole number of seconds, 1 or more, "
             f"got {timeout!r}")
     return {
         "timeout": seconds,
         "delete_options": {
             "ignore_daemonsets": True,
-            "force": _flag(force, "gpu_node_upgrade_drain_force"),
-            "delete_emptydir_data": _flag(delete_emptydir_data,
-                                          "gpu_node_upgrade_drain_delete_emptydir_data"),
+            "force": force,
+            "delete_emptydir_data": delete_emptydir_data,
             "wait_timeout": seconds,
             "wait_sleep": DRAIN_POLL,
         },
@@ -184,13 +161,13 @@ def _owned_by_daemonset(pod: Mapping) -> bool:
     return any(isinstance(o, Mapping) and o.get("kind") == "DaemonSet" for o in owners)
 
 
-def pods_left(pods: Any) -> list[str]:
+def pods_left(pods: Iterable[Mapping]) -> list[str]:
     """Pods on a drained node that should be gone: running (not Succeeded or Failed), not a
     DaemonSet's (the drain leaves those), not a mirror pod (a static pod of the kubelet's,
     which the API cannot evict; k8s_drain skips them too). k8s_drain only warns when evicted
     pods outlive its wait, so the role checks."""
     left = []
-    for pod in _list(pods, "gpuprov_upgrade_pods_left", "a list of Pod objects"):
+    for pod in pods:
         if not isinstance(pod, Mapping):
             continue
         metadata = pod.get("metadata") or {}
@@ -203,18 +180,14 @@ def pods_left(pods: Any) -> list[str]:
     return left
 
 
-def consumers(stdout: Any, units: Any, started_by_driver: Any = ()) -> dict[str, list[str]]:
+def consumers(stdout: str, units: Iterable[str],
+              started_by_driver: Iterable[str] = ()) -> dict[str, list[str]]:
     """Which of the host's GPU consumers (`units`) run, from `systemctl list-units
     --state=active --plain --no-legend <units>`: all of them are stopped for the driver, and
     started again after it except those the driver role starts itself."""
-    if not isinstance(stdout, str):
-        raise AnsibleFilterError(
-            f"gpuprov_upgrade_consumers expects systemctl's stdout, got {stdout!r}")
-    wanted = _list(units, "gpuprov_upgrade_consumers", "a list of unit names")
-    own = set(_list(started_by_driver, "gpuprov_upgrade_consumers",
-                    "a list of the units the driver role starts"))
+    own = set(started_by_driver)
     active = {line.split()[0] for line in stdout.splitlines() if line.split()}
-    running = [unit for unit in wanted if unit in active]
+    running = [unit for unit in units if unit in active]
     return {"stop": running, "start": [unit for unit in running if unit not in own]}
 
 
@@ -240,15 +213,3 @@ def failure(task: Any, result: Any) -> dict:
         "annotation": FAILED,
         "patch": {"spec": {"unschedulable": True}, "metadata": {"annotations": {FAILED: reason}}},
     }
-
-
-class FilterModule:
-    def filters(self) -> dict:
-        return {
-            "gpuprov_upgrade_plan": plan,
-            "gpuprov_upgrade_drain": drain,
-            "gpuprov_upgrade_pods_left": pods_left,
-            "gpuprov_upgrade_consumers": consumers,
-            "gpuprov_upgrade_verify_failures": verify_failures,
-            "gpuprov_upgrade_failure": failure,
-        }

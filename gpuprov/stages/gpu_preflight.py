@@ -1,6 +1,9 @@
-"""The gpu_preflight and gpu_node_labels roles' decisions about the probe they run on a node
-and what it found, called through plugins/filter/gpu_preflight.py:
+"""The gpu_preflight role's decisions about the probe it runs on a node and what it found, called
+through plugins/filter/gpu_preflight.py (gpu_node_labels and gpu_mig probe again with the same
+filters). Which driver branch a node gets is gpuprov.nvidia.driver_branches.choose_branch.
 
+    classify(devices)                     PCI IDs or devices -> the hardware table's records
+    probe_gpus(pci)                       the probe report's "pci" list as flat GPU records
     node_python(interpreter, discovered)  the python3 Ansible runs modules with on the node
     probe_outcome(run, ...)               the probe's report, or why there is none
     gpu_summary(gpus)                     "2x Tesla K80 (kepler, cc 3.7), ..."
@@ -13,6 +16,46 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from gpuprov.nvidia import hardware
+
+
+def as_dict(record: Any) -> dict:
+    return record.to_dict() if hasattr(record, "to_dict") else dict(record)
+
+
+def _classify_one(item: Any) -> dict:
+    if isinstance(item, Mapping):
+        pci_id = item.get("pci_id")
+        subsystem = item.get("subsystem_id")
+        # The subsystem device ID tells apart boards that share a device ID (A2 and A16).
+        subsystem_device = int(str(subsystem).rsplit(":", 1)[-1], 16) if subsystem else None
+    else:
+        pci_id, subsystem_device = item, None
+    classification = hardware.classify(str(pci_id), subsystem_device)
+    return {**as_dict(classification), "message": getattr(classification, "message", None)}
+
+
+def classify(devices: Iterable[Any]) -> list[dict]:
+    """Each item a PCI ID ("10de:15f8") or a device as a dict ({"pci_id": "10de:15f8",
+    "subsystem_id": "10de:118f", ...}), classified with gpuprov's hardware table."""
+    return [_classify_one(item) for item in devices]
+
+
+def probe_gpus(pci: Iterable[Mapping]) -> list[dict]:
+    """A probe report's "pci" list (gpuprov/node/probe/__init__.py) as flat GPU records for
+    roles. Each GPU keeps its PCI fields, with "device_id" named "pci_id" as in the other
+    filters, and the classification the probe made on the node merged in. A GPU the hardware
+    table failed on (classification null, classification_error set) is "unknown", so that
+    reports still name it."""
+    gpus = []
+    for device in pci:
+        pci_id = device.get("device_id")
+        classification = device.get("classification") or as_dict(
+            hardware.Classification(pci_id=pci_id, status="unknown"))
+        fields = {k: v for k, v in device.items() if k not in ("device_id", "classification")}
+        gpus.append({**fields, **classification, "pci_id": pci_id})
+    return gpus
 
 
 def node_python(interpreter: str | None, discovered: str | None) -> str:

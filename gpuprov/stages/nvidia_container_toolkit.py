@@ -26,7 +26,12 @@ from dataclasses import dataclass, field
 from gpuprov import runtime_mode
 from gpuprov.node.probe import runtime as probe_runtime
 from gpuprov.stages import _toolkit_config
-from gpuprov.stages._node_read import file_current, packages_missing, plain
+from gpuprov.stages._node_read import (
+    HOST_SETTING_VARS,
+    file_current,
+    packages_missing,
+    settings_values,
+)
 
 # apt: name=version, dnf: name-version.
 VERSION_SEPARATORS = {"apt": "=", "dnf": "-"}
@@ -63,15 +68,33 @@ class Settings:
 
     @classmethod
     def from_vars(cls, values: Mapping) -> Settings:
-        unknown = sorted(set(values) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"unknown settings {', '.join(unknown)}")
-        values = plain(values)
-        values["os_version"] = str(values.get("os_version"))
-        values["packages"] = tuple(values.get("packages") or ())
-        if values.get("version") is not None:
-            values["version"] = str(values["version"])
-        return cls(**values)
+        return cls(**settings_values(cls, values, texts=("os_version",),
+                                     optional_texts=("version",), tuples=("packages",)))
+
+
+# Where tasks/check.yml's gpuprov_stage_settings lookup reads each Settings field: adding a
+# setting is a field above and its variable here.
+SETTING_VARS = {
+    **HOST_SETTING_VARS,
+    "package_manager": "__nvidia_container_toolkit_package_manager",
+    "packages": "__nvidia_container_toolkit_packages",
+    "version": "nvidia_container_toolkit_version",
+    "hold": "nvidia_container_toolkit_hold",
+    "manage_repo": "nvidia_container_toolkit_manage_repo",
+    "runtime": "nvidia_container_toolkit_runtime",
+    "runtime_name": "nvidia_container_toolkit_runtime_name",
+    "runtime_binary": "nvidia_container_toolkit_runtime_binary",
+    "runtimes": "__nvidia_container_toolkit_runtimes",
+    "keyring": "nvidia_container_toolkit_keyring",
+    "apt_sources_path": "__nvidia_container_toolkit_apt_sources_path",
+    "containerd_config": "nvidia_container_toolkit_containerd_config",
+    "containerd_drop_in": "nvidia_container_toolkit_containerd_drop_in",
+    "toolkit_config": "nvidia_container_toolkit_config",
+    "accept_envvar_unprivileged": "nvidia_container_toolkit_accept_envvar_unprivileged",
+    "accept_volume_mounts": "nvidia_container_toolkit_accept_volume_mounts",
+    "mode": "nvidia_container_toolkit_mode",
+    "default_runtime": "nvidia_container_toolkit_default_runtime",
+}
 
 
 def plan(s: Settings) -> dict:
@@ -121,13 +144,14 @@ def setting_problem(s: Settings) -> str | None:
 
 def work(the_plan: Mapping, state: Mapping, probe_packages: list, *,
          apt_sources: str | None = None, nvml: Mapping | None = None,
-         driver_changed: bool = False) -> dict:
+         driver_changed: bool = False, check_mode: bool = False) -> dict:
     """What the node's read and the preflight's probe (its packages.driver list) leave to do.
 
     apt_sources: the sources file's text as the role writes it (None on dnf nodes).
     nvml: the preflight probe's NVML section (GPUs, driver version), to judge the CDI spec by.
     driver_changed: the driver stage changed the driver in this run (it then refreshed the
     spec itself, and the preflight's NVML answer is from before the change).
+    check_mode: the run is Ansible's check mode.
     """
     s = the_plan["settings"]
     files = state.get("files") or []
@@ -140,6 +164,8 @@ def work(the_plan: Mapping, state: Mapping, probe_packages: list, *,
     if problem is None and choice.problem:
         problem = f"{s['host']}: {choice.problem}"
     cdi = choice.mode == runtime_mode.CDI
+    sources_current = apt_sources is not None and file_current(files, s["apt_sources_path"],
+                                                               apt_sources)
     return {
         "runtime_problem": problem,
         # How containers get GPUs on this node, and why (gpuprov/runtime_mode.py): cdi makes
@@ -153,8 +179,12 @@ def work(the_plan: Mapping, state: Mapping, probe_packages: list, *,
         # The keyring is root's 0644 (apt reads it as _apt).
         "keyring_ok": any(f.get("mode") == "0644" and f.get("uid") == 0 and f.get("gid") == 0
                           for f in keyring),
-        "apt_sources_current": apt_sources is not None
-        and file_current(files, s["apt_sources_path"], apt_sources),
+        "apt_sources_current": sources_current,
+        # Check mode with the repository not added yet (its key is not dearmored in check mode
+        # either): its packages cannot be resolved, so the package and hold steps report what a
+        # real run would do instead.
+        "repo_pending": (check_mode and bool(s["manage_repo"]) and s["package_manager"] == "apt"
+                         and not sources_current),
         # From the preflight's probe of this run (the driver stage installs none of them).
         "missing": packages_missing(s["packages"], probe_packages, s["version"]),
         "unheld": [n for n in s["packages"] if n not in held] if s["hold"] else [],

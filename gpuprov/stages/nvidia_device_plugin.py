@@ -17,12 +17,21 @@ plugins/filter/nvidia_device_plugin.py:
     allocatable_gpus   each GPU node's allocatable GPU devices: nvidia.com/gpu plus the MIG
                        devices of the mixed strategy, nvidia.com/mig-<profile> ("0" when none)
     without_gpus       GPU nodes that advertise none
+    registration       after the waits: the nodes without a current pod or without GPUs, each
+                       node's allocatable GPUs, and the problem to fail with (None: none)
+    node_modes         each GPU host's cdi | legacy, which names its plugin config
+    device_list_problems  the legacy strategy against the toolkit settings of each GPU host
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpuprov import runtime_mode
+from gpuprov.stages import _toolkit_config
+from gpuprov.stages._node_read import truthy
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -117,3 +126,91 @@ def without_pod(pods: Iterable[Mapping], gpu_nodes: list, generation: int) -> li
                 and (meta.get("labels") or {}).get("pod-template-generation") == str(generation)):
             running.add((pod.get("spec") or {}).get("nodeName"))
     return [name for name in gpu_nodes if name not in running]
+
+
+def _resources(read: Mapping | None) -> list[Mapping]:
+    """A k8s_info result's objects ([] where the task was skipped or failed)."""
+    return [o for o in ((read or {}).get("resources") or []) if isinstance(o, Mapping)]
+
+
+def registration(gpu_nodes: list, *, daemonset: Mapping | None = None,
+                 pods: Mapping | None = None, nodes: Mapping | None = None,
+                 nodes_before: Mapping | None = None, settled: bool = False,
+                 namespace: str = "", pod_label: str = "", wait_s: int = 0) -> dict:
+    """What the role's waits saw, from their k8s_info results (the DaemonSet, its pods, the
+    nodes; each skipped when the rollout was settled already): the GPU nodes without a running
+    pod of the current template, those without allocatable GPUs (in the last LIST of nodes,
+    else the one before the apply), each node's allocatable GPUs, a one-line summary, and the
+    problem to fail with (None: the plugin registered everywhere)."""
+    listed = _resources(nodes) if (nodes or {}).get("resources") is not None else _resources(
+        nodes_before)
+    missing_pod = [] if settled else without_pod(
+        _resources(pods), gpu_nodes, ds_generation(_resources(daemonset)))
+    missing_gpus = without_gpus(gpu_nodes, listed)
+    allocatable = allocatable_gpus(gpu_nodes, listed)
+    problem = None
+    if missing_pod or missing_gpus:
+        problem = (f"The NVIDIA device plugin did not register on every GPU node within "
+                   f"{wait_s} s. "
+                   + (f"No running plugin pod of the current template on: "
+                      f"{', '.join(missing_pod)}. " if missing_pod else "")
+                   + (f"No allocatable nvidia.com/gpu on: {', '.join(missing_gpus)}. "
+                      if missing_gpus else "")
+                   + f"Look at `kubectl -n {namespace} get pods -l name={pod_label} -o wide` and "
+                   "the pod's logs: the driver (nvidia-smi on the node) and the NVIDIA runtime in "
+                   "the container runtime (the container toolkit stage) must work first.")
+    summary = (", ".join(f"{name}: {count}" for name, count in sorted(allocatable.items()))
+               or "no GPU node in this play")
+    return {"without_pod": missing_pod, "without_gpus": missing_gpus, "allocatable": allocatable,
+            "summary": summary, "problem": problem}
+
+
+# The nvidia_container_toolkit role's settings and the toolkit keys they set.
+_TOOLKIT_SETTINGS = {
+    "nvidia_container_toolkit_accept_envvar_unprivileged":
+        "accept-nvidia-visible-devices-envvar-when-unprivileged",
+    "nvidia_container_toolkit_accept_volume_mounts":
+        "accept-nvidia-visible-devices-as-volume-mounts",
+}
+
+
+def _gpu_hosts(hosts: Iterable[str], hostvars: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
+    for host in hosts:
+        values = hostvars[host]
+        if truthy(values.get("gpu_preflight_has_gpu", True)):
+            yield host, values
+
+
+def node_modes(hosts: Iterable[str], hostvars: Mapping[str, Any]) -> dict[str, str]:
+    """{Kubernetes node name: cdi | legacy} of the GPU hosts: the mode the toolkit stage
+    applied in this run, else the same decision from the inventory's setting and the runtime
+    version the preflight's probe found (gpuprov/runtime_mode.py)."""
+    modes = {}
+    for host, values in _gpu_hosts(hosts, hostvars):
+        name = str(values.get("gpu_node_labels_node_name") or host)
+        mode = values.get("nvidia_container_toolkit_mode_applied")
+        if mode not in (runtime_mode.CDI, runtime_mode.LEGACY):
+            probe = values.get("gpu_preflight_probe") or {}
+            runtime = str(values.get("nvidia_container_toolkit_runtime") or "containerd")
+            choice = runtime_mode.choose(
+                values.get("nvidia_container_toolkit_mode"), runtime,
+                runtime_mode.packaged_version(runtime, (probe.get("packages") or {})))
+            mode = choice.mode or runtime_mode.LEGACY
+        modes[name] = mode
+    return modes
+
+
+def device_list_problems(strategy: str, hosts: list[str],
+                         hostvars: Mapping[str, Any]) -> list[str]:
+    """The legacy strategy against the toolkit settings of the GPU hosts in legacy mode (CDI
+    nodes get the plugin's cdi config, which the toolkit's access keys do not gate); settings
+    the inventory does not set are the toolkit role's defaults."""
+    modes = node_modes(hosts, hostvars)
+    settings = {}
+    for host, values in _gpu_hosts(hosts, hostvars):
+        if modes.get(str(values.get("gpu_node_labels_node_name") or host)) == runtime_mode.CDI:
+            continue
+        settings[str(host)] = {
+            key: truthy(values[var]) if var in values else _toolkit_config.SECURE[key]
+            for var, key in _TOOLKIT_SETTINGS.items()}
+    return _toolkit_config.strategy_problems(str(strategy), settings)

@@ -21,7 +21,12 @@ from dataclasses import dataclass, field
 
 from gpuprov.node.probe import boot as boot_probe
 from gpuprov.nvidia.driver_branches import NVIDIA, source_for
-from gpuprov.stages._node_read import file_current, packages_missing, plain
+from gpuprov.stages._node_read import (
+    HOST_SETTING_VARS,
+    file_current,
+    packages_missing,
+    settings_values,
+)
 
 # apt: name=version, dnf: name-version.
 VERSION_SEPARATORS = {"apt": "=", "dnf": "-"}
@@ -92,18 +97,48 @@ class Settings:
 
     @classmethod
     def from_vars(cls, values: Mapping) -> Settings:
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown settings {', '.join(unknown)}")
-        values = plain(values)
-        values["branch"] = str(values.get("branch"))
-        values["os_version"] = str(values.get("os_version"))
-        if values.get("version") is not None:
-            values["version"] = str(values["version"])
-        values["extra_packages"] = tuple(values.get("extra_packages") or ())
-        values["kernel_headers"] = tuple(values.get("kernel_headers") or ())
-        return cls(**values)
+        return cls(**settings_values(cls, values, texts=("branch", "os_version"),
+                                     optional_texts=("version",),
+                                     tuples=("extra_packages", "kernel_headers")))
+
+
+# Settings field -> the variable tasks/check.yml reads it from (the gpuprov_stage_settings
+# lookup): a new setting is a field above and a line here.
+SETTING_VARS = {
+    **HOST_SETTING_VARS,
+    "branch": "gpu_preflight_driver_branch",
+    "kernel_modules": "nvidia_driver_kernel_modules",
+    "open_required": "gpu_preflight_open_kernel_modules_required",
+    "open_supported": "gpu_preflight_open_kernel_modules_supported",
+    "version": "nvidia_driver_version",
+    "package_manager": "__nvidia_driver_package_manager",
+    "packages": "__nvidia_driver_packages",
+    "extra_packages": "__nvidia_driver_extra_packages",
+    "prebuilt_modules": "nvidia_driver_ubuntu_prebuilt_modules",
+    "prebuilt": "__nvidia_driver_prebuilt_modules",
+    "kernel_flavour": "nvidia_driver_ubuntu_kernel_flavour",
+    "apt_sources_template": "__nvidia_driver_apt_sources_template",
+    "apt_sources_path": "__nvidia_driver_apt_sources_path",
+    "blacklist_path": "__nvidia_driver_blacklist_path",
+    "source": "nvidia_driver_source",
+    "cuda_distro": "__nvidia_driver_cuda_distro",
+    "cuda_repo_key": "__nvidia_driver_cuda_repo_key",
+    "cuda_repo_url": "nvidia_driver_cuda_repo_url",
+    "cuda_repo_key_url": "nvidia_driver_cuda_repo_key_url",
+    "cuda_packages": "__nvidia_driver_cuda_packages",
+    "cuda_pin_package": "__nvidia_driver_cuda_pin_package",
+    "cuda_sources_template": "__nvidia_driver_cuda_sources_template",
+    "cuda_sources_path": "__nvidia_driver_cuda_sources_path",
+    "cuda_keyring": "nvidia_driver_cuda_keyring",
+    "arch": "ansible_facts.architecture",
+    "dnf_modules": "__nvidia_driver_dnf_modules",
+    "kernel": "ansible_facts.kernel",
+    "kernel_headers": "__nvidia_driver_kernel_headers_packages",
+    "install_kernel_headers": "nvidia_driver_install_kernel_headers",
+    "kernel_headers_meta": "__nvidia_driver_kernel_headers_meta",
+    "install_kernel_headers_meta": "nvidia_driver_install_kernel_headers_meta",
+    "build_next_kernel": "nvidia_driver_build_next_kernel",
+}
 
 
 # The flavour in a kernel release, after its version and ABI: Debian's 6.1.0-27-amd64 and
@@ -349,6 +384,9 @@ def work(the_plan: Mapping, state: Mapping, *, host: str, hold: bool = True,
     return {
         "installed_version": current,
         "apt_sources_current": sources_current,
+        # Check mode with the repository not added yet: its packages cannot be resolved, so
+        # the package, hold and module steps report what a real run would do instead.
+        "repo_pending": check_mode and not sources_current,
         "apt_work": apt_work,
         "install_names": install_names,
         "removed_packages": removed,

@@ -1,154 +1,125 @@
-"""Ansible filters: the nvidia_container_toolkit role's decisions (gpuprov/stages/nvidia_container_toolkit.py) and
-its config.toml merge (gpuprov/stages/_toolkit_config.py).
+"""Filters of the nvidia_container_toolkit role: its plan and the work the node's read leaves
+(gpuprov/stages/nvidia_container_toolkit.py), the toolkit's config.toml merge
+(gpuprov/stages/_toolkit_config.py) and NVIDIA's runtime merged into containerd's, Docker's or
+CRI-O's config (gpuprov/stages/_runtime_config.py; containerd's import rules are the probe's,
+gpuprov.node.probe.runtime).
 
-    settings | gpuprov_toolkit_plan
-        -> the plan before the node is read (gpuprov.stages.nvidia_container_toolkit.plan: install_names,
-           runtime, written_files, read_configs, key_source, gpu_access, problem)
-    state | gpuprov_toolkit_work(plan, probe_packages, apt_sources=text|None)
+    lookup('gpuprov_stage_settings', 'nvidia_container_toolkit') | gpuprov_toolkit_plan
+        -> the plan before the node is read (install_names, runtime, written_files,
+           read_configs, key_source, gpu_access, problem)
+    state | gpuprov_toolkit_work(plan, probe_packages, apt_sources=text|None, check_mode=...)
         -> what the node's read leaves to do (runtime_problem, keyring_found, keyring_ok,
-           apt_sources_current, missing, unheld, containerd_text, config: the toolkit's
-           config.toml merged as gpuprov_toolkit_config does)
+           apt_sources_current, repo_pending, missing, unheld, containerd_text, config: the
+           toolkit's config.toml merged as gpuprov_toolkit_config does)
     work | gpuprov_toolkit_repository(manage_repo=..., key_changed=...)
         -> {"dearmor_needed", "work"}: the repository steps after the key was fetched
-
     text | gpuprov_toolkit_config(settings, path=...)
-        -> {"text", "changed"}   (gpuprov.stages._toolkit_config.merge; the admin's keys and comments
-                                  kept; text none: the file is missing)
-    strategy | gpuprov_device_list_problems(hosts, hostvars)
-        -> [line, ...]           (gpuprov.stages._toolkit_config.strategy_problems: the device
-                                  plugin's strategy against the toolkit settings of each
-                                  host that has GPUs, gpu_preflight_has_gpu; settings the
-                                  inventory does not set are the toolkit role's defaults)
+        -> {"text", "changed"} (the admin's keys and comments kept; text none: no file)
+    main_text | gpuprov_containerd_import_dirs(main_path)
+        -> [{"path": dir, "pattern": glob}]         what the main config imports from
+    main_text | gpuprov_containerd_nvidia(files, main_path=..., drop_in_path=...,
+                runtime_name=..., binary=..., set_default=..., containerd_version=...)
+        -> {"main", "main_changed", "drop_in", "plugin", "version", "merge", "effective"}
+    text | gpuprov_docker_nvidia(runtime_name=..., binary=..., set_default=...)
+        -> {"text", "changed", "config"}
 
-Computed on the controller from the file the role read; the role writes the result back with
-ansible.builtin.copy (backup, diff, check mode). Nothing here is shipped to nodes.
+Computed on the controller from the files the role read; the role writes the results back with
+ansible.builtin.copy (backup, diff, check mode). A configuration that cannot be merged safely
+(invalid TOML/JSON, a missing import, a later drop-in that would replace the NVIDIA runtime's
+table) fails the task with what to change.
 """
 
 from __future__ import annotations
 
-import importlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-
-INSTALL_HINT = (
-    "gpuprov is not importable by the Python that runs ansible ({error}): "
-    "install gpuprov in the Python that runs ansible: pip install -e ."
-)
+from ansible_collections.gpuprov.cluster.plugins.plugin_utils import gpuprov_support as support
 
 
-def _module(name: str = "stages._toolkit_config") -> Any:
-    # Imported on first use: Ansible loads every filter plugin for every template.
-    try:
-        return importlib.import_module(f"gpuprov.{name}")
-    except ImportError as exc:
-        raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
+def gpuprov_toolkit_plan(settings: Any) -> dict:
+    return support.stage_plan("nvidia_container_toolkit", "gpuprov_toolkit_plan", settings)
 
 
-def toolkit_plan(settings: Any) -> dict:
-    if not isinstance(settings, Mapping):
-        raise AnsibleFilterError(
-            f"gpuprov_toolkit_plan expects the role's settings, got {settings!r}")
-    module = _module("stages.nvidia_container_toolkit")
-    try:
-        return module.plan(module.Settings.from_vars(settings))
-    except (TypeError, ValueError) as exc:
-        raise AnsibleFilterError(f"gpuprov_toolkit_plan: {exc}") from None
-
-
-def toolkit_work(state: Any, plan: Any, probe_packages: Any, apt_sources: Any = None,
-                 nvml: Any = None, driver_changed: Any = False) -> dict:
+def gpuprov_toolkit_work(state: Any, plan: Any, probe_packages: Any, apt_sources: Any = None,
+                         nvml: Any = None, driver_changed: Any = False,
+                         check_mode: Any = False) -> dict:
     if not (isinstance(state, Mapping) and isinstance(plan, Mapping)
             and isinstance(probe_packages, list)):
         raise AnsibleFilterError("gpuprov_toolkit_work expects the node's read, the plan and the "
                                  f"probe's package list, got {state!r}, {plan!r}, "
                                  f"{probe_packages!r}")
-    try:
-        return _module("stages.nvidia_container_toolkit").work(
-            plan, state, probe_packages, apt_sources=apt_sources,
-            nvml=nvml if isinstance(nvml, Mapping) else None,
-            driver_changed=_bool(driver_changed))
-    except _module().ToolkitConfigError as exc:
-        raise AnsibleFilterError(str(exc)) from None
+    toolkit = support.stage("nvidia_container_toolkit")
+    return support.reported(None, lambda: toolkit.work(
+        plan, state, probe_packages, apt_sources=apt_sources,
+        nvml=nvml if isinstance(nvml, Mapping) else None,
+        driver_changed=support.truthy(driver_changed), check_mode=support.truthy(check_mode)),
+        (support.stage("_toolkit_config").ToolkitConfigError,))
 
 
-def toolkit_repository(work: Any, manage_repo: Any, key_changed: Any) -> dict:
-    if not isinstance(work, Mapping):
-        raise AnsibleFilterError(f"gpuprov_toolkit_repository expects the work, got {work!r}")
-    return _module("stages.nvidia_container_toolkit").repository(work, manage_repo=_bool(manage_repo),
-                                              key_changed=_bool(key_changed))
+def gpuprov_toolkit_repository(work: Any, manage_repo: Any, key_changed: Any) -> dict:
+    work = support.mapping(work, "gpuprov_toolkit_repository", "the work")
+    return support.stage("nvidia_container_toolkit").repository(
+        work, manage_repo=support.truthy(manage_repo), key_changed=support.truthy(key_changed))
 
 
-def toolkit_config(text: Any, settings: Mapping[str, Any], path: str | None = None) -> dict:
-    tc = _module()
-    try:
-        return tc.merge(None if text is None else str(text), dict(settings),
-                        **({"path": path} if path else {}))
-    except tc.ToolkitConfigError as exc:
-        raise AnsibleFilterError(str(exc)) from None
+def gpuprov_toolkit_config(content: Any, settings: Mapping[str, Any],
+                           path: str | None = None) -> dict:
+    config = support.stage("_toolkit_config")
+    return support.reported(None, lambda: config.merge(support.text(content), dict(settings),
+                                                       **({"path": path} if path else {})),
+                            (config.ToolkitConfigError,))
 
 
-# The nvidia_container_toolkit role's settings and the toolkit keys they set.
-_ROLE_SETTINGS = {
-    "nvidia_container_toolkit_accept_envvar_unprivileged":
-        "accept-nvidia-visible-devices-envvar-when-unprivileged",
-    "nvidia_container_toolkit_accept_volume_mounts":
-        "accept-nvidia-visible-devices-as-volume-mounts",
-}
+def _major(version: Any) -> int | None:
+    """'1.6.20~ds1-1+deb12u3' or 'containerd ... v2.0.4 ...' -> 1 / 2; None when unknown."""
+    match = re.search(r"(?:^|[\sv])(\d+)\.\d+", str(version or ""))
+    return int(match.group(1)) if match else None
 
 
-def node_modes(hosts: Any, hostvars: Mapping[str, Any]) -> dict[str, str]:
-    """{Kubernetes node name: cdi | legacy} of the GPU hosts: the mode the toolkit stage
-    applied in this run, else the same decision from the inventory's setting and the runtime
-    version the preflight's probe found (gpuprov/runtime_mode.py)."""
-    rm = _module("runtime_mode")
-    modes = {}
-    for host in hosts:
-        values = hostvars[host]
-        if not _bool(values.get("gpu_preflight_has_gpu", True)):
-            continue
-        name = str(values.get("gpu_node_labels_node_name") or host)
-        mode = values.get("nvidia_container_toolkit_mode_applied")
-        if mode not in (rm.CDI, rm.LEGACY):
-            probe = values.get("gpu_preflight_probe") or {}
-            runtime = str(values.get("nvidia_container_toolkit_runtime") or "containerd")
-            choice = rm.choose(values.get("nvidia_container_toolkit_mode"), runtime,
-                               rm.packaged_version(runtime, (probe.get("packages") or {})))
-            mode = choice.mode or rm.LEGACY
-        modes[name] = mode
-    return modes
+def gpuprov_containerd_import_dirs(main_text: Any,
+                                   main_path: str = "/etc/containerd/config.toml") -> list:
+    runtime = support.stage("_runtime_config")
+    return support.reported(None, lambda: runtime.containerd_import_dirs(
+        support.text(main_text), main_path), (runtime.RuntimeConfigError,))
 
 
-def device_list_problems(strategy: Any, hosts: Any, hostvars: Mapping[str, Any]) -> list[str]:
-    """The legacy strategy against the toolkit settings of the GPU hosts in legacy mode (CDI
-    nodes get the plugin's cdi config, which the toolkit's access keys do not gate)."""
-    tc = _module()
-    modes = node_modes(hosts, hostvars)
-    nodes = {}
-    for host in hosts:
-        values = hostvars[host]
-        if not _bool(values.get("gpu_preflight_has_gpu", True)):
-            continue
-        if modes.get(str(values.get("gpu_node_labels_node_name") or host)) == "cdi":
-            continue
-        nodes[str(host)] = {key: _bool(values[var]) if var in values else tc.SECURE[key]
-                            for var, key in _ROLE_SETTINGS.items()}
-    return tc.strategy_problems(str(strategy), nodes)
+def gpuprov_containerd_nvidia(
+    main_text: Any,
+    files: Mapping | None = None,
+    main_path: str = "/etc/containerd/config.toml",
+    drop_in_path: str = "/etc/containerd/conf.d/99-nvidia.toml",
+    runtime_name: str = "nvidia",
+    binary: str = "/usr/bin/nvidia-container-runtime",
+    set_default: bool = False,
+    containerd_version: Any = None,
+    cdi: bool = False,
+) -> dict:
+    runtime = support.stage("_runtime_config")
+    if files is not None and not isinstance(files, Mapping):
+        raise AnsibleFilterError(f"gpuprov_containerd_nvidia: files must be a dict, got {files!r}")
+    return support.reported(None, lambda: runtime.containerd_nvidia(
+        support.text(main_text), {str(k): str(v) for k, v in (files or {}).items()},
+        main_path=main_path, drop_in_path=drop_in_path, runtime_name=runtime_name, binary=binary,
+        set_default=bool(set_default), containerd_major=_major(containerd_version),
+        cdi=bool(cdi)), (runtime.RuntimeConfigError,))
 
 
-def _bool(value: Any) -> bool:
-    """Ansible's `| bool` for the values an inventory gives (true, "yes", "false", 0 ...)."""
-    if isinstance(value, str):
-        return value.strip().lower() in ("yes", "on", "1", "true", "y", "t")
-    return bool(value)
+def gpuprov_docker_nvidia(
+    content: Any,
+    runtime_name: str = "nvidia",
+    binary: str = "/usr/bin/nvidia-container-runtime",
+    set_default: bool = False,
+) -> dict:
+    runtime = support.stage("_runtime_config")
+    return support.reported(None, lambda: runtime.docker_nvidia(
+        support.text(content), runtime_name=runtime_name, binary=binary,
+        set_default=bool(set_default)), (runtime.RuntimeConfigError,))
 
 
-class FilterModule:
-    def filters(self) -> dict:
-        return {"gpuprov_toolkit_config": toolkit_config,
-                "gpuprov_runtime_modes": node_modes,
-                "gpuprov_device_list_problems": device_list_problems,
-                "gpuprov_toolkit_plan": toolkit_plan,
-                "gpuprov_toolkit_work": toolkit_work,
-                "gpuprov_toolkit_repository": toolkit_repository}
+FilterModule = support.filter_module(
+    gpuprov_toolkit_plan, gpuprov_toolkit_work, gpuprov_toolkit_repository,
+    gpuprov_toolkit_config, gpuprov_containerd_import_dirs, gpuprov_containerd_nvidia,
+    gpuprov_docker_nvidia)

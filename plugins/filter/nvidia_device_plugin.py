@@ -1,5 +1,6 @@
-"""Ansible filters: the nvidia_device_plugin role's decisions from what the Kubernetes API
-answered (gpuprov/stages/nvidia_device_plugin.py says what each means).
+"""Filters of the nvidia_device_plugin role: its decisions from what the Kubernetes API
+answered and from each GPU host's settings (gpuprov/stages/nvidia_device_plugin.py says what
+each means). Lists are k8s_info's resources; results are k8s_info's registered results.
 
     node_list | gpuprov_plugin_node_problem(gpu_nodes, selector, check_mode)  -> text | None
     applied | gpuprov_plugin_daemonset                  -> the DaemonSet the apply answered
@@ -8,92 +9,97 @@ answered (gpuprov/stages/nvidia_device_plugin.py says what each means).
     pods | gpuprov_plugin_without_pod(gpu_nodes, generation)                  -> [node, ...]
     node_names | gpuprov_allocatable_gpus(nodes)        -> {name: "4"} ("0" when none)
     node_names | gpuprov_without_gpus(nodes)                                  -> [node, ...]
-
-Lists are k8s_info's resources; nothing here is shipped to nodes.
+    gpu_nodes | gpuprov_plugin_registration(daemonset=..., pods=..., nodes=...,
+                nodes_before=..., settled=..., namespace=..., pod_label=..., wait_s=...)
+        -> {"without_pod", "without_gpus", "allocatable", "summary", "problem"}
+    hosts | gpuprov_runtime_modes(hostvars)             -> {node name: cdi | legacy}
+    strategy | gpuprov_device_list_problems(hosts, hostvars)                   -> [line, ...]
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.gpuprov.cluster.plugins.plugin_utils import gpuprov_support as support
 
-INSTALL_HINT = (
-    "gpuprov is not importable by the Python that runs ansible ({error}): "
-    "install gpuprov in the Python that runs ansible: pip install -e ."
-)
+NODES = "node names"
 
 
-def _rollout() -> Any:
-    # Imported on first use: Ansible loads every filter plugin for every template.
-    try:
-        from gpuprov.stages import nvidia_device_plugin
-    except ImportError as exc:
-        raise AnsibleFilterError(INSTALL_HINT.format(error=exc)) from None
-    return nvidia_device_plugin
+def _read(value: Any) -> Mapping | None:
+    """A registered k8s_info result, None where the task did not run."""
+    return value if isinstance(value, Mapping) else None
 
 
-def _names(filter_name: str, names: Any) -> list:
-    if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
-        raise AnsibleFilterError(f"{filter_name} expects a list of node names, got {names!r}")
-    return list(names)
-
-
-def _objects(filter_name: str, objects: Any, kind: str = "Node") -> list:
-    if isinstance(objects, (str, bytes, Mapping)) or not isinstance(objects, Iterable):
-        raise AnsibleFilterError(f"{filter_name} expects a list of {kind} objects, got {objects!r}")
-    return [o for o in objects if isinstance(o, Mapping)]
-
-
-def plugin_node_problem(node_list: Any, gpu_nodes: Any, selector: Any,
-                        check_mode: Any = False) -> str | None:
+def gpuprov_plugin_node_problem(node_list: Any, gpu_nodes: Any, selector: Any,
+                                check_mode: Any = False) -> str | None:
     if not isinstance(selector, Mapping):
         raise AnsibleFilterError(f"gpuprov_plugin_node_problem expects the nodeSelector as a "
                                  f"mapping, got {selector!r}")
-    return _rollout().node_problem(_objects("gpuprov_plugin_node_problem", node_list),
-                                   _names("gpuprov_plugin_node_problem", gpu_nodes), selector,
-                                   bool(check_mode))
+    return support.stage("nvidia_device_plugin").node_problem(
+        support.objects(node_list, "gpuprov_plugin_node_problem", "Node objects"),
+        support.items(gpu_nodes, "gpuprov_plugin_node_problem", NODES), selector, bool(check_mode))
 
 
-def plugin_daemonset(applied: Any) -> dict:
-    return _rollout().applied_daemonset(applied if isinstance(applied, Mapping) else {})
+def gpuprov_plugin_daemonset(applied: Any) -> dict:
+    return support.stage("nvidia_device_plugin").applied_daemonset(
+        applied if isinstance(applied, Mapping) else {})
 
 
-def plugin_settled(daemonset: Any, gpu_nodes: Any, node_list: Any) -> bool:
-    return _rollout().settled(daemonset if isinstance(daemonset, Mapping) else {},
-                              _names("gpuprov_plugin_settled", gpu_nodes),
-                              _objects("gpuprov_plugin_settled", node_list))
+def gpuprov_plugin_settled(daemonset: Any, gpu_nodes: Any, node_list: Any) -> bool:
+    return support.stage("nvidia_device_plugin").settled(
+        daemonset if isinstance(daemonset, Mapping) else {},
+        support.items(gpu_nodes, "gpuprov_plugin_settled", NODES),
+        support.objects(node_list, "gpuprov_plugin_settled", "Node objects"))
 
 
-def ds_generation(resources: Any) -> int:
-    return _rollout().ds_generation(_objects("gpuprov_ds_generation", resources, "DaemonSet"))
+def gpuprov_ds_generation(resources: Any) -> int:
+    return support.stage("nvidia_device_plugin").ds_generation(
+        support.objects(resources, "gpuprov_ds_generation", "DaemonSet objects"))
 
 
-def plugin_without_pod(pods: Any, gpu_nodes: Any, generation: Any) -> list:
-    return _rollout().without_pod(_objects("gpuprov_plugin_without_pod", pods, "Pod"),
-                                  _names("gpuprov_plugin_without_pod", gpu_nodes),
-                                  int(generation))
+def gpuprov_plugin_without_pod(pods: Any, gpu_nodes: Any, generation: Any) -> list:
+    return support.stage("nvidia_device_plugin").without_pod(
+        support.objects(pods, "gpuprov_plugin_without_pod", "Pod objects"),
+        support.items(gpu_nodes, "gpuprov_plugin_without_pod", NODES), int(generation))
 
 
-def allocatable_gpus(names: Any, nodes: Any) -> dict[str, str]:
-    return _rollout().allocatable_gpus(_names("gpuprov_allocatable_gpus", names),
-                                       _objects("gpuprov_allocatable_gpus", nodes))
+def gpuprov_allocatable_gpus(names: Any, nodes: Any) -> dict[str, str]:
+    return support.stage("nvidia_device_plugin").allocatable_gpus(
+        support.items(names, "gpuprov_allocatable_gpus", NODES),
+        support.objects(nodes, "gpuprov_allocatable_gpus", "Node objects"))
 
 
-def without_gpus(names: Any, nodes: Any) -> list:
-    return _rollout().without_gpus(_names("gpuprov_without_gpus", names),
-                                   _objects("gpuprov_without_gpus", nodes))
+def gpuprov_without_gpus(names: Any, nodes: Any) -> list:
+    return support.stage("nvidia_device_plugin").without_gpus(
+        support.items(names, "gpuprov_without_gpus", NODES),
+        support.objects(nodes, "gpuprov_without_gpus", "Node objects"))
 
 
-class FilterModule:
-    def filters(self) -> dict:
-        return {
-            "gpuprov_plugin_node_problem": plugin_node_problem,
-            "gpuprov_plugin_daemonset": plugin_daemonset,
-            "gpuprov_plugin_settled": plugin_settled,
-            "gpuprov_ds_generation": ds_generation,
-            "gpuprov_plugin_without_pod": plugin_without_pod,
-            "gpuprov_allocatable_gpus": allocatable_gpus,
-            "gpuprov_without_gpus": without_gpus,
-        }
+def gpuprov_plugin_registration(gpu_nodes: Any, daemonset: Any = None, pods: Any = None,
+                                nodes: Any = None, nodes_before: Any = None, settled: Any = False,
+                                namespace: Any = "", pod_label: Any = "", wait_s: Any = 0) -> dict:
+    return support.stage("nvidia_device_plugin").registration(
+        support.items(gpu_nodes, "gpuprov_plugin_registration", NODES), daemonset=_read(daemonset),
+        pods=_read(pods), nodes=_read(nodes), nodes_before=_read(nodes_before),
+        settled=support.flag(settled, "settled"), namespace=str(namespace),
+        pod_label=str(pod_label), wait_s=int(wait_s))
+
+
+def gpuprov_runtime_modes(hosts: Any, hostvars: Mapping[str, Any]) -> dict[str, str]:
+    return support.stage("nvidia_device_plugin").node_modes(
+        support.items(hosts, "gpuprov_runtime_modes", "host names"), hostvars)
+
+
+def gpuprov_device_list_problems(strategy: Any, hosts: Any,
+                                 hostvars: Mapping[str, Any]) -> list[str]:
+    return support.stage("nvidia_device_plugin").device_list_problems(
+        str(strategy), support.items(hosts, "gpuprov_device_list_problems", "host names"), hostvars)
+
+
+FilterModule = support.filter_module(
+    gpuprov_plugin_node_problem, gpuprov_plugin_daemonset, gpuprov_plugin_settled,
+    gpuprov_ds_generation, gpuprov_plugin_without_pod, gpuprov_allocatable_gpus,
+    gpuprov_without_gpus, gpuprov_plugin_registration, gpuprov_runtime_modes,
+    gpuprov_device_list_problems)

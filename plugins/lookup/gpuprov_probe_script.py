@@ -11,6 +11,7 @@ from typing import Any
 
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
+from ansible_collections.gpuprov.cluster.plugins.plugin_utils.gpuprov_support import INSTALL_HINT
 
 DOCUMENTATION = r"""
 name: gpuprov_probe_script
@@ -46,10 +47,6 @@ _raw:
   elements: str
 """
 
-INSTALL_HINT = (
-    "gpuprov_probe_script: gpuprov is not importable by the Python that runs ansible ({error}): "
-    "install gpuprov in the Python that runs ansible: pip install -e ."
-)
 
 
 class LookupModule(LookupBase):
@@ -66,5 +63,6 @@ class LookupModule(LookupBase):
 
             script = node_script(entry)
         except ImportError as exc:
-            raise AnsibleLookupError(INSTALL_HINT.format(error=exc)) from None
+            raise AnsibleLookupError(
+                "gpuprov_probe_script: " + INSTALL_HINT.format(error=exc)) from None
         return [script.decode("ascii")]

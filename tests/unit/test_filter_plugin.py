@@ -67,8 +67,10 @@ def test_filters_are_registered():
         "gpuprov_gpu_summary",
         "gpuprov_choice_text",
         "gpuprov_os_problem",
-        "gpuprov_verify_host_vars",
     }
+    # The gpu_verify role's, in its own file.
+    verify = _load("gpuprov_verify_filter_plugin", REPO / "plugins" / "filter" / "gpu_verify.py")
+    assert set(verify.FilterModule().filters()) == {"gpuprov_verify_host_vars"}
 
 
 def test_classify_ids_and_devices():
@@ -140,9 +142,11 @@ def test_choose_branch_bad_pin_is_a_filter_error():
 def test_missing_gpuprov_says_how_to_install(monkeypatch):
     import gpuprov.nvidia
 
-    # What an ansible whose Python lacks gpuprov sees: the import fails.
+    # What an ansible whose Python lacks gpuprov sees: the import fails (the stage's, and the
+    # hardware table's it imports).
     monkeypatch.delattr(gpuprov.nvidia, "hardware", raising=False)
     monkeypatch.setitem(sys.modules, "gpuprov.nvidia.hardware", None)
+    monkeypatch.setitem(sys.modules, "gpuprov.stages.gpu_preflight", None)
     with pytest.raises(AnsibleFilterError, match=r"pip install -e \.$"):
         filters.gpuprov_classify([P100])
 

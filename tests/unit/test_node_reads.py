@@ -33,7 +33,7 @@ PLAYBOOK_BIN = Path(sys.executable).parent / "ansible-playbook"
 
 @pytest.fixture(scope="module")
 def packages(ansible_plugin):
-    return ansible_plugin("filter/gpuprov_node_state.py")
+    return ansible_plugin("filter/nvidia_driver.py")
 
 
 def _plant(root: Path, files: dict) -> None:
@@ -137,9 +137,9 @@ def test_written_files_are_current_only_with_the_same_content_mode_and_root_owne
     root = Root(str(tmp_path))
     files = [root.file_facts(p) for p in ("/etc/sources", "/etc/blacklist")]
     uid_is_root = os.getuid() == 0 and os.getgid() == 0
-    assert packages.file_current(files, "/etc/sources", "Types: deb\n") is uid_is_root
-    assert not packages.file_current(files, "/etc/sources", "Types: deb-src\n")
-    assert not packages.file_current(files, "/etc/blacklist", "blacklist nouveau\n")  # 0600
-    assert not packages.file_current(files, "/etc/absent", "")
+    assert packages.gpuprov_file_current(files, "/etc/sources", "Types: deb\n") is uid_is_root
+    assert not packages.gpuprov_file_current(files, "/etc/sources", "Types: deb-src\n")
+    assert not packages.gpuprov_file_current(files, "/etc/blacklist", "blacklist nouveau\n")  # 0600
+    assert not packages.gpuprov_file_current(files, "/etc/absent", "")
     with pytest.raises(AnsibleFilterError, match="list of files"):
-        packages.file_current({"path": "/etc/sources"}, "/etc/sources", "")
+        packages.gpuprov_file_current({"path": "/etc/sources"}, "/etc/sources", "")

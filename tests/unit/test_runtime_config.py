@@ -527,8 +527,8 @@ def test_docker_property_every_key_survives(config, runtimes, set_default):
 # -- the filter plugin ----------------------------------------------------------------------
 
 def _filters():
-    path = Path(__file__).resolve().parents[2] / "plugins" / "filter" / "gpuprov_runtime.py"
-    spec = importlib.util.spec_from_file_location("gpuprov_runtime_filters", path)
+    path = Path(__file__).resolve().parents[2] / "plugins/filter/nvidia_container_toolkit.py"
+    spec = importlib.util.spec_from_file_location("gpuprov_toolkit_filters", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

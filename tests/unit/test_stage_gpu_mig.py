@@ -197,21 +197,22 @@ def test_the_plan_filter_fails_with_the_stages_one_line(filters):
     from ansible.errors import AnsibleFilterError
 
     with pytest.raises(AnsibleFilterError, match="^gpu_mig_config 'nope': no MIG layout"):
-        filters.mig_plan(probe("gpu-hopper"), "nope")
-    assert filters.mig_plan(probe("gpu-hopper"), "")["managed"] is False
+        filters.gpuprov_mig_plan(probe("gpu-hopper"), "nope")
+    assert filters.gpuprov_mig_plan(probe("gpu-hopper"), "")["managed"] is False
 
 
 def test_the_appliers_report_is_its_last_json_line_or_why_there_is_none(filters):
     report = {"changed": True, "gpus": [], "error": None, "seconds": 1.5}
-    assert filters.applied("a login banner\n" + json.dumps(report), 0) == report
-    assert filters.applied(json.dumps({**report, "error": "GPU 0: x"}), 1)["error"] == "GPU 0: x"
-    assert filters.applied(json.dumps(report), 1)["error"] == "the MIG applier exited 1"
-    assert filters.applied("Traceback ...", 1) == {
+    assert filters.gpuprov_mig_applied("a login banner\n" + json.dumps(report), 0) == report
+    failed = filters.gpuprov_mig_applied(json.dumps({**report, "error": "GPU 0: x"}), 1)
+    assert failed["error"] == "GPU 0: x"
+    assert filters.gpuprov_mig_applied(json.dumps(report), 1)["error"] == "the MIG applier exited 1"
+    assert filters.gpuprov_mig_applied("Traceback ...", 1) == {
         "error": "the MIG applier exited 1 without a report", "gpus": []}
 
 
 def test_the_failure_names_the_task_and_keeps_the_node_cordoned(filters):
-    failed = filters.failure({"name": "Apply the MIG layout to the GPUs"},
+    failed = filters.gpuprov_mig_failure({"name": "Apply the MIG layout to the GPUs"},
                              {"msg": "GPU 0: MIG mode is still off\nafter the GPU reset"},
                              {gpu_mig.STATE_LABEL: "failed"})
     assert failed["reason"] == ("Apply the MIG layout to the GPUs: GPU 0: MIG mode is still off "

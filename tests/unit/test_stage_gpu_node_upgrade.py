@@ -1,4 +1,5 @@
-"""The gpu_node_upgrade role's decisions (plugins/filter/gpu_node_upgrade.py), called directly.
+"""The gpu_node_upgrade role's decisions (gpuprov/stages/gpu_node_upgrade.py), called directly,
+and through its filters (plugins/filter/gpu_node_upgrade.py) where the role's values are checked.
 
 The probe reports are the recorded ones of tests/fixtures/verify/probe (what gpu_preflight
 reads on a lab node), the verify output is gpuprov's own table formatter's.
@@ -14,6 +15,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from gpuprov.stages import _task_failure
+from gpuprov.stages import gpu_node_upgrade as upgrade_stage
 from gpuprov.verify.findings import FAIL, PASS, WARN, Finding
 from gpuprov.verify.report import table
 
@@ -22,8 +24,13 @@ PROBES = ROOT / "tests" / "fixtures" / "verify" / "probe"
 
 
 @pytest.fixture(scope="module")
-def upgrade(ansible_plugin):
-    return ansible_plugin("filter/gpu_node_upgrade.py")
+def upgrade():
+    return upgrade_stage
+
+
+@pytest.fixture(scope="module")
+def filters(ansible_plugin):
+    return ansible_plugin("filter/gpu_node_upgrade.py").FilterModule().filters()
 
 
 def _probe(name: str = "gpu-pascal") -> dict:
@@ -47,8 +54,8 @@ def _other_version(version: str) -> str:
     return ".".join([*head, f"{int(last) + 1:02d}"])
 
 
-def test_filters_are_registered(upgrade):
-    assert set(upgrade.FilterModule().filters()) == {
+def test_filters_are_registered(filters):
+    assert set(filters) == {
         "gpuprov_upgrade_plan", "gpuprov_upgrade_drain", "gpuprov_upgrade_pods_left",
         "gpuprov_upgrade_consumers", "gpuprov_upgrade_verify_failures",
         "gpuprov_upgrade_failure"}
@@ -152,15 +159,19 @@ def test_was_cordoned_is_the_earlier_run_s_record_else_the_node_s_cordon(
     assert (done.get("spec") or {}).get("unschedulable", True) is was_cordoned
 
 
-def test_a_plan_needs_a_target_and_the_right_inputs(upgrade):
+def test_a_plan_needs_a_target_and_the_right_inputs(upgrade, filters):
+    plan = filters["gpuprov_upgrade_plan"]
     with pytest.raises(AnsibleFilterError, match="no target"):
-        upgrade.plan(_probe(), _node(), None, None)
+        plan(_probe(), _node(), None, None)
     with pytest.raises(AnsibleFilterError, match="names no driver version"):
-        upgrade.plan(_probe(), _node(), "-1", 535)
+        plan(_probe(), _node(), "-1", 535)
     with pytest.raises(AnsibleFilterError, match="probe report"):
-        upgrade.plan("not a report", _node(), None, 535)
+        plan("not a report", _node(), None, 535)
     with pytest.raises(AnsibleFilterError, match="Node object"):
-        upgrade.plan(_probe(), [], None, 535)
+        plan(_probe(), [], None, 535)
+    # The stage's own error, which the filter turns into the task's message.
+    with pytest.raises(upgrade.UpgradeError, match="no target"):
+        upgrade.plan(_probe(), _node(), None, None)
 
 
 # -- the drain --------------------------------------------------------------------------
@@ -177,27 +188,28 @@ def test_the_drain_is_retried_for_about_the_timeout(upgrade, timeout):
     assert (drain["retries"] - 1) * drain["delay"] < seconds
 
 
-def test_the_drain_evicts_managed_pods_only_unless_told(upgrade):
+def test_the_drain_evicts_managed_pods_only_unless_told(upgrade, filters):
     options = upgrade.drain(600)["delete_options"]
     assert options["ignore_daemonsets"] is True
     assert options["force"] is False and options["delete_emptydir_data"] is False
     # Extra vars arrive as strings.
-    options = upgrade.drain("600", "true", "yes")["delete_options"]
+    drain = filters["gpuprov_upgrade_drain"]
+    options = drain("600", "true", "yes")["delete_options"]
     assert options["force"] is True and options["delete_emptydir_data"] is True
-    assert upgrade.drain(600, "false", "no")["delete_options"]["force"] is False
+    assert drain(600, "false", "no")["delete_options"]["force"] is False
 
 
 @pytest.mark.parametrize("timeout", [0, -5, "soon", None, ""])
-def test_a_drain_timeout_that_is_no_duration_is_refused(upgrade, timeout):
+def test_a_drain_timeout_that_is_no_duration_is_refused(filters, timeout):
     with pytest.raises(AnsibleFilterError, match="gpu_node_upgrade_drain_timeout"):
-        upgrade.drain(timeout)
+        filters["gpuprov_upgrade_drain"](timeout)
 
 
-def test_a_drain_flag_that_is_no_boolean_is_refused(upgrade):
+def test_a_drain_flag_that_is_no_boolean_is_refused(filters):
     with pytest.raises(AnsibleFilterError, match="gpu_node_upgrade_drain_force"):
-        upgrade.drain(600, "maybe")
+        filters["gpuprov_upgrade_drain"](600, "maybe")
     with pytest.raises(AnsibleFilterError, match="delete_emptydir_data"):
-        upgrade.drain(600, False, "perhaps")
+        filters["gpuprov_upgrade_drain"](600, False, "perhaps")
 
 
 def _pod(name: str, phase: str = "Running", owner: str | None = None,
@@ -210,7 +222,7 @@ def _pod(name: str, phase: str = "Running", owner: str | None = None,
     return {"metadata": metadata, "status": {"phase": phase}}
 
 
-def test_pods_left_after_the_drain(upgrade):
+def test_pods_left_after_the_drain(upgrade, filters):
     pods = [
         _pod("trainer", owner="ReplicaSet"),
         _pod("loose"),
@@ -223,7 +235,7 @@ def test_pods_left_after_the_drain(upgrade):
     assert upgrade.pods_left(pods) == ["team/trainer", "team/loose", "team/starting"]
     assert upgrade.pods_left([]) == []
     with pytest.raises(AnsibleFilterError, match="list of Pod objects"):
-        upgrade.pods_left({"resources": pods})
+        filters["gpuprov_upgrade_pods_left"]({"resources": pods})
 
 
 # -- the GPU consumers ------------------------------------------------------------------
@@ -248,11 +260,11 @@ def test_running_consumers_are_stopped_and_those_the_driver_does_not_start_again
     assert upgrade.consumers(_list_units("ssh.service"), UNITS, OWN)["stop"] == []
 
 
-def test_consumers_need_systemctl_s_text(upgrade):
+def test_consumers_need_systemctl_s_text(filters):
     with pytest.raises(AnsibleFilterError, match="systemctl"):
-        upgrade.consumers(None, UNITS, OWN)
+        filters["gpuprov_upgrade_consumers"](None, UNITS, OWN)
     with pytest.raises(AnsibleFilterError, match="unit names"):
-        upgrade.consumers("", "nvidia-dcgm.service", OWN)
+        filters["gpuprov_upgrade_consumers"]("", "nvidia-dcgm.service", OWN)
 
 
 # -- verify and the failure annotation --------------------------------------------------

@@ -1,6 +1,7 @@
-"""gpu_preflight's and gpu_node_labels' decisions about the probe run and what it found
-(gpuprov/stages/gpu_preflight.py), through plugins/filter/gpu_preflight.py, and the labels
-role's node and taint plans (gpuprov/nvidia/labels.py)."""
+"""gpu_preflight's decisions about the probe run and what it found (gpuprov/stages/
+gpu_preflight.py), through plugins/filter/gpu_preflight.py: gpu_node_labels and gpu_mig probe
+again with the same filters. The labels role's node and taint plans are in
+test_stage_gpu_node_labels.py."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
-
-from gpuprov.nvidia import labels
 
 PROBES = Path(__file__).resolve().parents[1] / "fixtures" / "verify" / "probe"
 TOO_OLD = "gpuprov probe needs python3 >= 3.9, this node has 3.6.8"
@@ -79,25 +78,3 @@ def test_os_problems_name_the_os_and_what_to_do(gpuprov):
     problem = gpuprov.gpuprov_os_problem(supported, "gpu-a", "Ubuntu", "24", None)
     assert "add roles/gpu_preflight/vars/Ubuntu_24.yml" in problem
     assert gpuprov.gpuprov_os_problem(supported, "gpu-a", "Debian", "12", "debian") is None
-
-
-def test_the_label_plan_patches_owned_labels_of_the_named_node():
-    nodes = [{"metadata": {"name": "gpu-a", "labels": {"gputype": "k80", "team": "ml",
-                                                        "nvidia.com/gpu.memory": "11441"}}},
-             {"metadata": {"name": "gpu-b", "labels": {}}}]
-    plan = labels.node_plan(nodes, "gpu-a", {"gputype": "p100"})
-    assert plan == {"found": True, "expected": {"gputype": "p100"},
-                    "patch": {"gputype": "p100", "nvidia.com/gpu.memory": None},
-                    "removed": ["nvidia.com/gpu.memory"]}
-    assert labels.node_plan(nodes, "gpu-z", {"gputype": "p100"}) == {
-        "found": False, "expected": {"gputype": "p100"}, "patch": {}, "removed": []}
-
-
-def test_the_taint_plan_replaces_one_of_the_same_key_and_effect():
-    foreign = {"key": "dedicated", "value": "ml", "effect": "PreferNoSchedule"}
-    old = {"key": "nvidia.com/gpu", "value": "false", "effect": "NoSchedule"}
-    plan = labels.taint_plan([foreign, old], "nvidia.com/gpu", "true", "NoSchedule")
-    assert plan == {"tainted": False, "taints": [
-        foreign, {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]}
-    again = labels.taint_plan(plan["taints"], "nvidia.com/gpu", "true", "NoSchedule")
-    assert again == {"tainted": True, "taints": plan["taints"]}

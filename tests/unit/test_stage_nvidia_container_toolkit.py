@@ -37,7 +37,7 @@ def toolkit(ansible_plugin):
 
 
 def test_the_plan_pins_all_four_packages_and_names_the_files(toolkit):
-    plan = toolkit.toolkit_plan(_settings())
+    plan = toolkit.gpuprov_toolkit_plan(_settings())
     version = DEFAULTS["nvidia_container_toolkit_version"]
     assert plan["install_names"] == [f"{n}={version}" for n in
                                      DATA["__nvidia_container_toolkit_packages"]]
@@ -54,7 +54,7 @@ def test_the_plan_pins_all_four_packages_and_names_the_files(toolkit):
 
 
 def test_dnf_and_docker_nodes_write_and_read_other_files(toolkit):
-    plan = toolkit.toolkit_plan(_settings(package_manager="dnf", runtime="docker",
+    plan = toolkit.gpuprov_toolkit_plan(_settings(package_manager="dnf", runtime="docker",
                                           version="1.18.1-1"))
     assert plan["install_names"][0] == "nvidia-container-toolkit-1.18.1-1"
     assert plan["written_files"] == []
@@ -70,7 +70,7 @@ def test_dnf_and_docker_nodes_write_and_read_other_files(toolkit):
     ({"runtime_binary": "nvidia-container-runtime"}, "an absolute path"),
 ])
 def test_setting_problems_say_what_is_wrong(toolkit, overrides, expected):
-    assert expected in toolkit.toolkit_plan(_settings(**overrides))["problem"]
+    assert expected in toolkit.gpuprov_toolkit_plan(_settings(**overrides))["problem"]
 
 
 def _root_file(path: str, text: str = "", mode: str = "0644") -> dict:
@@ -79,7 +79,7 @@ def _root_file(path: str, text: str = "", mode: str = "0644") -> dict:
 
 
 def test_a_converged_node_leaves_no_work(toolkit):
-    plan = toolkit.toolkit_plan(_settings())
+    plan = toolkit.gpuprov_toolkit_plan(_settings())
     version = DEFAULTS["nvidia_container_toolkit_version"]
     probe = [{"name": n, "version": version, "state": "installed", "held": True}
              for n in DATA["__nvidia_container_toolkit_packages"]]
@@ -90,81 +90,87 @@ def test_a_converged_node_leaves_no_work(toolkit):
     state["contents"][plan["read_configs"][1]] = (
         "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n"
         "accept-nvidia-visible-devices-as-volume-mounts = true\n")
-    work = toolkit.toolkit_work(state, plan, probe, apt_sources=SOURCES)
+    work = toolkit.gpuprov_toolkit_work(state, plan, probe, apt_sources=SOURCES)
     assert work == {"runtime_problem": None, "keyring_found": True, "keyring_ok": True,
-                    "apt_sources_current": True, "missing": [], "unheld": [],
+                    "apt_sources_current": True, "repo_pending": False, "missing": [],
+                    "unheld": [],
                     "containerd_text": "version = 2\n",
                     "config": {"text": state["contents"][plan["read_configs"][1]],
                                "changed": False},
                     # containerd 1.6: no CDI, so NVIDIA's runtime as the default.
                     "mode": "legacy", "mode_reason": "containerd 1.6 cannot inject CDI devices",
                     "set_default": True, "cdi_refresh": False}
-    assert toolkit.toolkit_repository(work, True, False) == {"dearmor_needed": False,
-                                                             "work": False}
+    assert toolkit.gpuprov_toolkit_repository(work, True, False) == {"dearmor_needed": False,
+                                                                     "work": False}
+    # Check mode on the same node: the repository is there, nothing is pending.
+    assert not toolkit.gpuprov_toolkit_work(state, plan, probe, apt_sources=SOURCES,
+                                            check_mode=True)["repo_pending"]
+    # Check mode where the sources file is not the role's yet: the package steps only report.
+    changed = toolkit.gpuprov_toolkit_work(state, plan, probe, apt_sources=SOURCES + "# new\n",
+                                           check_mode=True)
+    assert not changed["apt_sources_current"] and changed["repo_pending"]
+    # The role does not manage the repository: nothing of its own is pending.
+    unmanaged = toolkit.gpuprov_toolkit_plan(_settings(manage_repo=False))
+    assert not toolkit.gpuprov_toolkit_work(state, unmanaged, probe, check_mode=True,
+                                            apt_sources=SOURCES + "# new\n")["repo_pending"]
 
 
 def test_a_bare_node_needs_the_key_the_repository_and_the_packages(toolkit):
-    plan = toolkit.toolkit_plan(_settings())
+    plan = toolkit.gpuprov_toolkit_plan(_settings())
     state = {"version": {"rc": 0, "output": "containerd 1.6.20"}, "files": [], "contents": {},
              "unreadable": []}
-    work = toolkit.toolkit_work(state, plan, [], apt_sources=SOURCES)
+    work = toolkit.gpuprov_toolkit_work(state, plan, [], apt_sources=SOURCES)
     assert work["missing"] == DATA["__nvidia_container_toolkit_packages"]
     assert work["unheld"] == work["missing"]
     assert not (work["keyring_found"] or work["keyring_ok"] or work["apt_sources_current"])
     assert work["config"]["changed"]  # no config.toml yet: the keys are to be written
-    assert toolkit.toolkit_repository(work, True, False) == {"dearmor_needed": True, "work": True}
+    assert toolkit.gpuprov_toolkit_repository(work, True, False) == {"dearmor_needed": True,
+                                                                     "work": True}
     # A site that manages the repository itself: only the packages are the role's work.
-    assert toolkit.toolkit_repository(work, False, False) == {"dearmor_needed": False,
+    assert toolkit.gpuprov_toolkit_repository(work, False, False) == {"dearmor_needed": False,
                                                               "work": True}
 
 
 def test_a_rotated_key_is_dearmored_again_and_a_wrong_mode_fixed(toolkit):
-    plan = toolkit.toolkit_plan(_settings(hold=False))
+    plan = toolkit.gpuprov_toolkit_plan(_settings(hold=False))
     probe = [{"name": n, "version": "1.20.0-1", "state": "installed", "held": False}
              for n in DATA["__nvidia_container_toolkit_packages"]]
     state = {"version": {"rc": 0, "output": "containerd"}, "contents": {}, "unreadable": [],
              "files": [_root_file(plan["written_files"][0], "key", mode="0600"),
                        _root_file(plan["written_files"][1], SOURCES)]}
-    work = toolkit.toolkit_work(state, plan, probe, apt_sources=SOURCES)
+    work = toolkit.gpuprov_toolkit_work(state, plan, probe, apt_sources=SOURCES)
     assert work["keyring_found"] and not work["keyring_ok"] and work["unheld"] == []
-    assert toolkit.toolkit_repository(work, True, False) == {"dearmor_needed": False,
+    assert toolkit.gpuprov_toolkit_repository(work, True, False) == {"dearmor_needed": False,
                                                              "work": True}
-    assert toolkit.toolkit_repository(work, True, True)["dearmor_needed"] is True
+    assert toolkit.gpuprov_toolkit_repository(work, True, True)["dearmor_needed"] is True
 
 
 def test_runtime_problems_missing_runtime_then_unreadable_config(toolkit):
-    plan = toolkit.toolkit_plan(_settings(runtime="crio"))
+    plan = toolkit.gpuprov_toolkit_plan(_settings(runtime="crio"))
     missing = {"version": {"rc": 127, "output": "crio: not found"}, "unreadable": []}
-    assert toolkit.toolkit_work(missing, plan, [])["runtime_problem"] == (
+    assert toolkit.gpuprov_toolkit_work(missing, plan, [])["runtime_problem"] == (
         "gpu-a: crio --version failed (crio: not found): install crio first (this role "
         "configures the node's runtime, it installs none), or set "
         "nvidia_container_toolkit_runtime to the runtime the node has.")
     unreadable = {"version": {"rc": 0, "output": "crio version 1.28"},
                   "unreadable": ["/etc/nvidia-container-runtime/config.toml"]}
-    assert toolkit.toolkit_work(unreadable, plan, [])["runtime_problem"].startswith(
+    assert toolkit.gpuprov_toolkit_work(unreadable, plan, [])["runtime_problem"].startswith(
         "gpu-a: /etc/nvidia-container-runtime/config.toml exists but could not be read")
 
 
 def test_bad_input_is_one_clear_error(toolkit):
     with pytest.raises(AnsibleFilterError, match="unknown settings flavour"):
-        toolkit.toolkit_plan(_settings(flavour="open"))
+        toolkit.gpuprov_toolkit_plan(_settings(flavour="open"))
     with pytest.raises(AnsibleFilterError, match="expects the node's read, the plan"):
-        toolkit.toolkit_work({}, {}, "not a list")
-
-
-def test_settings_fields_are_the_ones_the_role_passes():
-    check = (ROLE / "tasks" / "check.yml").read_text()
-    passed = {line.split("'")[1] for line in check.splitlines()
-              if line.strip().startswith(("{{ {'", "'")) and "':" in line}
-    assert passed and passed <= set(nvidia_container_toolkit.Settings.__dataclass_fields__)
+        toolkit.gpuprov_toolkit_work({}, {}, "not a list")
 
 
 def test_a_toolkit_config_that_is_not_toml_is_one_clear_error(toolkit):
-    plan = toolkit.toolkit_plan(_settings())
+    plan = toolkit.gpuprov_toolkit_plan(_settings())
     state = {"version": {"rc": 0, "output": "containerd"}, "files": [], "unreadable": [],
              "contents": {plan["read_configs"][1]: "[nvidia-container-cli\n"}}
     with pytest.raises(AnsibleFilterError, match="config.toml"):
-        toolkit.toolkit_work(state, plan, [])
+        toolkit.gpuprov_toolkit_work(state, plan, [])
 
 
 # nvidia-ctk's block YAML of one GPU, for driver 580.105.08 (test_runtime_mode.py).
@@ -183,19 +189,18 @@ NVML = {"driver_version": "580.105.08", "gpus": [{"index": 0, "uuid": "GPU-aaaa"
 ])
 def test_the_cdi_spec_is_refreshed_only_when_it_is_not_current(text, nvml, driver_changed,
                                                                refresh):
-    from gpuprov.stages import nvidia_container_toolkit
 
     assert nvidia_container_toolkit.cdi_refresh(text, nvml, driver_changed) is refresh
 
 
 def test_cdi_mode_on_containerd_2_is_not_the_default_runtime(toolkit):
-    plan = toolkit.toolkit_plan(_settings())
+    plan = toolkit.gpuprov_toolkit_plan(_settings())
     state = {"version": {"rc": 0, "output": "containerd github.com/containerd/containerd/v2 "
                                             "2.1.9+unknown"},
              "files": [], "contents": {}, "unreadable": []}
-    work = toolkit.toolkit_work(state, plan, [], apt_sources=SOURCES, nvml=NVML)
+    work = toolkit.gpuprov_toolkit_work(state, plan, [], apt_sources=SOURCES, nvml=NVML)
     assert (work["mode"], work["set_default"], work["cdi_refresh"]) == ("cdi", False, True)
-    plan = toolkit.toolkit_plan({**_settings(), "mode": "cdi"})
+    plan = toolkit.gpuprov_toolkit_plan({**_settings(), "mode": "cdi"})
     state["version"]["output"] = "containerd github.com/containerd/containerd 1.6.20"
-    problem = toolkit.toolkit_work(state, plan, [], apt_sources=SOURCES)["runtime_problem"]
+    problem = toolkit.gpuprov_toolkit_work(state, plan, [], apt_sources=SOURCES)["runtime_problem"]
     assert "containerd 1.6 cannot inject CDI devices" in problem

@@ -38,21 +38,21 @@ def _pod(node: str, phase: str = "Running", generation: str = "2", deleting: boo
 
 def test_unknown_and_unselected_gpu_nodes_are_named_with_what_to_do(kube):
     nodes = [_node("gpu-a", **{"nvidia.com/gpu.present": "true"}), _node("gpu-b")]
-    problem = kube.plugin_node_problem(nodes, ["gpu-a", "gpu-b", "gpu-c"], SELECTOR)
+    problem = kube.gpuprov_plugin_node_problem(nodes, ["gpu-a", "gpu-b", "gpu-c"], SELECTOR)
     assert problem.startswith("GPU nodes not in the cluster: gpu-c (kubectl get nodes;")
     assert ('GPU nodes without the labels {"nvidia.com/gpu.present": "true"} the DaemonSet '
             "selects: gpu-b. Run the labels stage first") in problem
     # --check: the labels stage changed nothing, so labels cannot be asked for yet.
-    assert "without the labels" not in kube.plugin_node_problem(
+    assert "without the labels" not in kube.gpuprov_plugin_node_problem(
         nodes, ["gpu-a", "gpu-b", "gpu-c"], SELECTOR, True)
-    assert kube.plugin_node_problem(nodes[:1], ["gpu-a"], SELECTOR) is None
+    assert kube.gpuprov_plugin_node_problem(nodes[:1], ["gpu-a"], SELECTOR) is None
 
 
 def test_the_daemonset_is_found_in_the_apply_result(kube):
     applied = {"result": {"results": [{"result": {"kind": "RuntimeClass"}},
                                       {"result": _ds(2, 2, 2, 2, 2)}, {"changed": False}]}}
-    assert kube.plugin_daemonset(applied)["kind"] == "DaemonSet"
-    assert kube.plugin_daemonset({"result": {"results": ["odd"]}}) == {}
+    assert kube.gpuprov_plugin_daemonset(applied)["kind"] == "DaemonSet"
+    assert kube.gpuprov_plugin_daemonset({"result": {"results": ["odd"]}}) == {}
 
 
 @pytest.mark.parametrize("ds, before, expected", [
@@ -67,28 +67,71 @@ def test_the_daemonset_is_found_in_the_apply_result(kube):
 ])
 def test_settled_only_when_the_rollout_is_complete_and_every_gpu_node_advertised(
         kube, ds, before, expected):
-    assert kube.plugin_settled(ds, ["gpu-a", "gpu-b"], before) is expected
+    assert kube.gpuprov_plugin_settled(ds, ["gpu-a", "gpu-b"], before) is expected
 
 
 def test_the_generation_counts_once_the_controller_saw_it(kube):
-    assert kube.ds_generation([_ds(3, 3, 2, 2, 2)]) == 3
-    assert kube.ds_generation([_ds(3, 2, 2, 2, 2)]) == 0
-    assert kube.ds_generation([]) == 0
+    assert kube.gpuprov_ds_generation([_ds(3, 3, 2, 2, 2)]) == 3
+    assert kube.gpuprov_ds_generation([_ds(3, 2, 2, 2, 2)]) == 0
+    assert kube.gpuprov_ds_generation([]) == 0
 
 
 def test_gpu_nodes_without_a_running_pod_of_the_current_template(kube):
     pods = [_pod("gpu-a"), _pod("gpu-b", generation="1"), _pod("gpu-c", phase="Pending"),
             _pod("gpu-d", deleting=True)]
-    assert kube.plugin_without_pod(pods, ["gpu-a", "gpu-b", "gpu-c", "gpu-d"], 2) == [
+    assert kube.gpuprov_plugin_without_pod(pods, ["gpu-a", "gpu-b", "gpu-c", "gpu-d"], 2) == [
         "gpu-b", "gpu-c", "gpu-d"]
 
 
 def test_allocatable_and_without_gpus_per_named_node(kube):
     nodes = [_node("gpu-a", "4"), _node("gpu-b")]
-    assert kube.allocatable_gpus(["gpu-a", "gpu-b", "gpu-c"], nodes) == {
+    assert kube.gpuprov_allocatable_gpus(["gpu-a", "gpu-b", "gpu-c"], nodes) == {
         "gpu-a": "4", "gpu-b": "0", "gpu-c": "0"}
-    assert kube.without_gpus(["gpu-a", "gpu-b", "gpu-c"], nodes) == ["gpu-b", "gpu-c"]
+    assert kube.gpuprov_without_gpus(["gpu-a", "gpu-b", "gpu-c"], nodes) == ["gpu-b", "gpu-c"]
     with pytest.raises(AnsibleFilterError, match="list of Node objects"):
-        kube.allocatable_gpus(["gpu-a"], {"items": nodes})
+        kube.gpuprov_allocatable_gpus(["gpu-a"], {"items": nodes})
     with pytest.raises(AnsibleFilterError, match="nodeSelector as a mapping"):
-        kube.plugin_node_problem(nodes, ["gpu-a"], "nvidia.com/gpu.present=true")
+        kube.gpuprov_plugin_node_problem(nodes, ["gpu-a"], "nvidia.com/gpu.present=true")
+
+
+# -- what the waits saw (tasks/wait.yml) ----------------------------------------------------
+
+
+def _read(*objects: dict) -> dict:
+    """A k8s_info task's registered result."""
+    return {"changed": False, "resources": list(objects)}
+
+
+SKIPPED = {"changed": False, "skipped": True, "skip_reason": "Conditional result was False"}
+
+
+def test_registration_names_the_nodes_without_a_pod_and_without_gpus(kube):
+    seen = kube.gpuprov_plugin_registration(
+        ["gpu-a", "gpu-b", "gpu-c"], daemonset=_read(_ds(2, 2, 3, 3, 2)),
+        pods=_read(_pod("gpu-a"), _pod("gpu-c", generation="1")),
+        nodes=_read(_node("gpu-a", "4"), _node("gpu-b"), _node("gpu-c", "2")),
+        nodes_before=_read(), settled=False, namespace="kube-system",
+        pod_label="nvidia-device-plugin-ds", wait_s=300)
+    assert seen["without_pod"] == ["gpu-b", "gpu-c"]  # gpu-c's pod is of the old template
+    assert seen["without_gpus"] == ["gpu-b"]
+    assert seen["allocatable"] == {"gpu-a": "4", "gpu-b": "0", "gpu-c": "2"}
+    assert seen["summary"] == "gpu-a: 4, gpu-b: 0, gpu-c: 2"
+    assert seen["problem"] == (
+        "The NVIDIA device plugin did not register on every GPU node within 300 s. "
+        "No running plugin pod of the current template on: gpu-b, gpu-c. "
+        "No allocatable nvidia.com/gpu on: gpu-b. Look at `kubectl -n kube-system get pods "
+        "-l name=nvidia-device-plugin-ds -o wide` and the pod's logs: the driver (nvidia-smi on "
+        "the node) and the NVIDIA runtime in the container runtime (the container toolkit stage) "
+        "must work first.")
+
+
+def test_a_settled_rollout_is_judged_by_the_nodes_before_the_apply(kube):
+    seen = kube.gpuprov_plugin_registration(
+        ["gpu-a"], daemonset=SKIPPED, pods=SKIPPED, nodes=SKIPPED,
+        nodes_before=_read(_node("gpu-a", "4")), settled=True)
+    assert seen == {"without_pod": [], "without_gpus": [], "allocatable": {"gpu-a": "4"},
+                    "summary": "gpu-a: 4", "problem": None}
+    assert kube.gpuprov_plugin_registration([], settled=True)["summary"] == (
+        "no GPU node in this play")
+    with pytest.raises(AnsibleFilterError, match="list of node names"):
+        kube.gpuprov_plugin_registration("gpu-a")

@@ -47,7 +47,7 @@ def driver(ansible_plugin):
 
 
 def test_debian_535_proprietary_by_default_pinned_with_apt_syntax(driver):
-    plan = driver.driver_plan(_settings(version="535.261.03-1"))
+    plan = driver.gpuprov_driver_plan(_settings(version="535.261.03-1"))
     assert plan["flavour"] == "proprietary" and plan["problem"] is None
     assert plan["driver_packages"][0] == "nvidia-kernel-dkms"
     assert plan["install_names"] == [f"{n}=535.261.03-1" for n in plan["driver_packages"]] + [
@@ -58,7 +58,7 @@ def test_debian_535_proprietary_by_default_pinned_with_apt_syntax(driver):
 
 
 def test_auto_takes_open_modules_where_the_gpus_need_them(driver):
-    plan = driver.driver_plan(_settings(open_required=True, open_supported=True))
+    plan = driver.gpuprov_driver_plan(_settings(open_required=True, open_supported=True))
     assert plan["flavour"] == "open" and plan["driver_packages"][0] == "nvidia-open-kernel-dkms"
 
 
@@ -74,11 +74,12 @@ def test_auto_takes_open_modules_where_the_gpus_need_them(driver):
                                   "driver branch 535"),
 ])
 def test_the_first_setting_problem_says_what_is_wrong(driver, overrides, expected):
-    assert expected in driver.driver_plan(_settings(**overrides))["problem"]
+    assert expected in driver.gpuprov_driver_plan(_settings(**overrides))["problem"]
 
 
 def test_ubuntu_prebuilt_modules_replace_dkms_and_follow_the_kernel(driver):
-    plan = driver.driver_plan(_settings("Ubuntu_24", branch="580", version="580.95.05-0ubuntu1",
+    plan = driver.gpuprov_driver_plan(_settings("Ubuntu_24", branch="580",
+                                                version="580.95.05-0ubuntu1",
                                         open_required=True, open_supported=True,
                                         prebuilt_modules=True, kernel_flavour="generic"))
     assert not any(n.startswith("nvidia-dkms-") for n in plan["driver_packages"])
@@ -86,17 +87,17 @@ def test_ubuntu_prebuilt_modules_replace_dkms_and_follow_the_kernel(driver):
     # The prebuilt package's version follows the kernel's: never pinned to the driver's.
     assert "linux-modules-nvidia-580-server-open-generic" in plan["install_names"]
     assert "nvidia-utils-580-server=580.95.05-0ubuntu1" in plan["install_names"]
-    dkms = driver.driver_plan(_settings("Ubuntu_24", branch="580"))
+    dkms = driver.gpuprov_driver_plan(_settings("Ubuntu_24", branch="580"))
     assert dkms["driver_packages"][0] == "nvidia-dkms-580-server" and dkms["extra_packages"] == []
 
 
 def test_prebuilt_modules_mean_nothing_where_the_os_has_none(driver):
-    plain = driver.driver_plan(_settings())
-    assert driver.driver_plan(_settings(prebuilt_modules=True)) == plain
+    plain = driver.gpuprov_driver_plan(_settings())
+    assert driver.gpuprov_driver_plan(_settings(prebuilt_modules=True)) == plain
 
 
 def test_rhel_uses_the_module_stream_and_dnf_version_syntax(driver):
-    plan = driver.driver_plan(_settings("RedHat_9", branch="580", version="580.95.05",
+    plan = driver.gpuprov_driver_plan(_settings("RedHat_9", branch="580", version="580.95.05",
                                         open_required=True, open_supported=True))
     assert plan["dnf_module_stream"] == "nvidia-driver:580-open"
     assert plan["install_names"][0] == "kmod-nvidia-open-dkms-580.95.05"
@@ -110,75 +111,85 @@ def _state(**packages) -> dict:
 
 
 def test_a_converged_node_leaves_no_work(driver):
-    plan = driver.driver_plan(_settings())
+    plan = driver.gpuprov_driver_plan(_settings())
     state = _state(**{n: ("535.261.03-1", True) for n in plan["held_packages"]},
                    **{"linux-headers-6.1.0-41-amd64": ("6.1.158-1", False)})
-    work = driver.driver_work(state, plan, host="gpu-a", headers=["linux-headers-6.1.0-41-amd64"],
-                              package_manager="apt", apt_sources=None)
+    work = driver.gpuprov_driver_work(state, plan, host="gpu-a",
+                                      headers=["linux-headers-6.1.0-41-amd64"],
+                                      package_manager="apt", apt_sources=None)
     assert work == {"installed_version": "535.261.03", "apt_sources_current": True,
-                    "apt_work": [], "install_names": plan["install_names"],
+                    "repo_pending": False, "apt_work": [], "install_names": plan["install_names"],
                     "removed_packages": [], "stale_files": [],
                     "unselected": [], "apt_converged": True,
                     "installed_problem": None, "reboot_required": False, "next_kernel": None}
 
 
+def test_check_mode_with_the_repository_not_added_yet_leaves_the_packages_pending(driver):
+    """In check mode the sources file is not written, so apt cannot resolve its packages: the
+    role's package, hold and next-kernel steps report instead of running (repo_pending)."""
+    plan = driver.gpuprov_driver_plan(_settings())
+    state = _state()
+    work = driver.gpuprov_driver_work(state, plan, host="gpu-a", package_manager="apt",
+                                      check_mode=True, apt_sources="Types: deb\n")
+    assert not work["apt_sources_current"] and work["repo_pending"]
+    assert not driver.gpuprov_driver_work(state, plan, host="gpu-a", package_manager="apt",
+                                          apt_sources="Types: deb\n")["repo_pending"]
+    # Nothing to add (no sources file of the role's on this OS): nothing pending.
+    assert not driver.gpuprov_driver_work(state, plan, host="gpu-a", package_manager="apt",
+                                          check_mode=True, apt_sources=None)["repo_pending"]
+
+
 def test_work_left_missing_headers_holds_interrupted_dpkg_and_other_version(driver):
-    plan = driver.driver_plan(_settings(version="535.261.03-1"))
+    plan = driver.gpuprov_driver_plan(_settings(version="535.261.03-1"))
     state = _state(**{n: ("1:535.247.01-1", False) for n in plan["held_packages"]})
     state["interrupted"] = ["dpkg --audit lists packages"]
-    work = driver.driver_work(state, plan, host="gpu-a",
+    work = driver.gpuprov_driver_work(state, plan, host="gpu-a",
                               headers=["linux-headers-6.1.0-41-amd64"], package_manager="apt")
     assert work["installed_version"] == "535.247.01"
     assert work["apt_work"] == (["dpkg --audit lists packages"] + plan["driver_packages"]
                                 + ["linux-headers-6.1.0-41-amd64"])
     assert work["unselected"] == plan["held_packages"] and not work["apt_converged"]
-    assert driver.driver_work(state, plan, host="gpu-a", hold=False)["unselected"] == []
+    assert driver.gpuprov_driver_work(state, plan, host="gpu-a", hold=False)["unselected"] == []
 
 
 def test_the_sources_file_counts_only_as_the_role_writes_it(driver):
-    plan = driver.driver_plan(_settings())
+    plan = driver.gpuprov_driver_plan(_settings())
     state = _state(**{n: ("535.261.03-1", True) for n in plan["held_packages"]})
     text = "Types: deb\n"
     state["files"] = [{"path": plan["written_files"][0], "mode": "0644", "uid": 0, "gid": 0,
                        "checksum": "4e0f7e2e3a0c4b7e3f1d2c8d8e3d9c1b2a3f4e5d"}]
-    work = driver.driver_work(state, plan, host="gpu-a", apt_sources=text, package_manager="apt")
+    work = driver.gpuprov_driver_work(state, plan, host="gpu-a", apt_sources=text,
+                                      package_manager="apt")
     assert not work["apt_sources_current"] and not work["apt_converged"]
     state["files"][0]["checksum"] = hashlib.sha1(text.encode()).hexdigest()  # as sha1sum reads
-    work = driver.driver_work(state, plan, host="gpu-a", apt_sources=text, package_manager="apt")
+    work = driver.gpuprov_driver_work(state, plan, host="gpu-a", apt_sources=text,
+                                      package_manager="apt")
     assert work["apt_sources_current"] and work["apt_converged"]
 
 
 def test_installed_problems_forbidden_packages_first_then_the_branch(driver):
-    plan = driver.driver_plan(_settings())
+    plan = driver.gpuprov_driver_plan(_settings())
     state = _state(**{"nvidia-kernel-dkms": ("470.256.02-1", True),
                       "xserver-xorg-core": ("2:21.1.7-3", False)})
     forbidden = ("^cuda-toolkit", "^xserver-xorg-core$")
-    work = driver.driver_work(state, plan, host="gpu-a", forbidden=forbidden)
+    work = driver.gpuprov_driver_work(state, plan, host="gpu-a", forbidden=forbidden)
     assert work["installed_problem"].startswith("gpu-a has xserver-xorg-core installed")
     del state["packages"]["xserver-xorg-core"]
-    work = driver.driver_work(state, plan, host="gpu-a", forbidden=forbidden)
+    work = driver.gpuprov_driver_work(state, plan, host="gpu-a", forbidden=forbidden)
     assert work["installed_problem"].startswith(
         "gpu-a: nvidia-kernel-dkms is 470.256.02, not a version of branch 535")
     # --check installs nothing, so the branch is not asserted then.
-    assert driver.driver_work(state, plan, host="gpu-a", check_mode=True)[
+    assert driver.gpuprov_driver_work(state, plan, host="gpu-a", check_mode=True)[
         "installed_problem"] is None
 
 
 def test_bad_input_is_one_clear_error(driver):
     with pytest.raises(AnsibleFilterError, match="unknown settings colour"):
-        driver.driver_plan(_settings(colour="green"))
+        driver.gpuprov_driver_plan(_settings(colour="green"))
     with pytest.raises(AnsibleFilterError, match="expects the role's settings"):
-        driver.driver_plan("535")
+        driver.gpuprov_driver_plan("535")
     with pytest.raises(AnsibleFilterError, match="expects the node's read and the plan"):
-        driver.driver_work(None, {})
-
-
-def test_settings_fields_are_the_ones_the_role_passes():
-    """Every key tasks/check.yml passes is a Settings field (and so reaches plan())."""
-    check = (VARS.parent / "tasks" / "check.yml").read_text()
-    passed = {line.split("'")[1] for line in check.splitlines()
-              if line.strip().startswith(("{{ {'", "'")) and "':" in line}
-    assert passed and passed <= set(nvidia_driver.Settings.__dataclass_fields__)
+        driver.gpuprov_driver_work(None, {})
 
 
 @pytest.mark.parametrize("state, installed, expected", [
@@ -211,7 +222,7 @@ def _cuda_settings(os_file: str = "Debian_13", **overrides) -> dict:
 
 
 def test_nvidias_repository_on_debian_13_locks_the_branch_instead_of_holding(driver):
-    plan = driver.driver_plan(_cuda_settings())
+    plan = driver.gpuprov_driver_plan(_cuda_settings())
     assert plan["problem"] is None and plan["source"] == "nvidia"
     assert plan["cuda_repo_url"] == \
         "https://developer.download.nvidia.com/compute/cuda/repos/debian13/x86_64"
@@ -224,7 +235,7 @@ def test_nvidias_repository_on_debian_13_locks_the_branch_instead_of_holding(dri
 
 
 def test_nvidias_repository_with_a_version_and_open_modules_on_arm(driver):
-    plan = driver.driver_plan(_cuda_settings(
+    plan = driver.gpuprov_driver_plan(_cuda_settings(
         "Debian_12", version="580.105.08-1", kernel_modules="open", open_supported=True,
         arch="aarch64", cuda_repo_url="http://mirror.example/cuda/{distro}/{arch}",
         cuda_repo_key_url="http://mirror.example/keys/{distro}-{key}"))
@@ -236,24 +247,24 @@ def test_nvidias_repository_with_a_version_and_open_modules_on_arm(driver):
 
 
 def test_the_lock_package_and_the_branch_are_work_holds_are_released(driver):
-    plan = driver.driver_plan(_cuda_settings())
+    plan = driver.gpuprov_driver_plan(_cuda_settings())
     installed = {n: ("580.105.08-1", False) for n in plan["driver_packages"]}
     converged = _state(**installed, **{"nvidia-driver-pinning-580": ("580-5", False)})
-    work = driver.driver_work(converged, plan, host="gpu-a", package_manager="apt")
+    work = driver.gpuprov_driver_work(converged, plan, host="gpu-a", package_manager="apt")
     assert (work["apt_work"], work["unselected"], work["installed_version"]) == \
         ([], [], "580.105.08")
     # A node switched from Debian's archive: its driver held at 535 (packages of Debian's that
     # NVIDIA's depend on, and one NVIDIA's set does not name), no lock package yet.
     debian = ["nvidia-kernel-dkms", "nvidia-smi", "libcuda1", "libnvidia-cfg1"]
     switched = _state(**{n: ("535.261.03-1", True) for n in debian})
-    work = driver.driver_work(switched, plan, host="gpu-a", package_manager="apt")
+    work = driver.gpuprov_driver_work(switched, plan, host="gpu-a", package_manager="apt")
     assert work["apt_work"] == ["nvidia-driver-pinning-580", "nvidia-driver-cuda",
                                 "nvidia-kernel-dkms", "nvidia-persistenced"]
     assert sorted(work["unselected"]) == sorted(debian)  # their holds are released first
 
 
 def test_nvidia_source_on_an_os_without_nvidias_apt_repository_is_refused(driver):
-    plan = driver.driver_plan(_cuda_settings("Ubuntu_24", cuda_distro=None))
+    plan = driver.gpuprov_driver_plan(_cuda_settings("Ubuntu_24", cuda_distro=None))
     assert "no apt repository of NVIDIA's for Ubuntu 24" in plan["problem"]
 
 
@@ -272,7 +283,7 @@ def test_nvidia_source_on_an_os_without_nvidias_apt_repository_is_refused(driver
 ])
 def test_ubuntu_from_nvidias_repository(driver, os_file, branch, flavour, names, url, key):
     modules = "open" if flavour == "open" else "auto"
-    plan = driver.driver_plan(_cuda_settings(os_file, branch=branch, kernel_modules=modules,
+    plan = driver.gpuprov_driver_plan(_cuda_settings(os_file, branch=branch, kernel_modules=modules,
                                              open_supported=True))
     assert plan["problem"] is None and plan["flavour"] == flavour
     assert plan["driver_packages"] == names
@@ -285,26 +296,26 @@ def test_ubuntu_from_nvidias_repository(driver, os_file, branch, flavour, names,
 
 
 def test_rhel_10_has_no_module_stream_and_asks_dnf_for_the_branch(driver):
-    plan = driver.driver_plan(_settings("RedHat_10", branch="580", open_required=True,
+    plan = driver.gpuprov_driver_plan(_settings("RedHat_10", branch="580", open_required=True,
                                         open_supported=True))
     assert plan["problem"] is None and plan["dnf_module_stream"] is None
     assert plan["install_names"] == ["kmod-nvidia-open-dkms-580.*", "nvidia-driver-cuda-580.*",
                                      "nvidia-driver-cuda-libs-580.*", "nvidia-persistenced-580.*"]
     assert plan["held_packages"] == ["kmod-nvidia-open-dkms", "nvidia-driver-cuda",
                                      "nvidia-driver-cuda-libs", "nvidia-persistenced"]
-    pinned = driver.driver_plan(_settings("RedHat_10", branch="580", version="580.105.08"))
+    pinned = driver.gpuprov_driver_plan(_settings("RedHat_10", branch="580", version="580.105.08"))
     assert pinned["install_names"][0] == "kmod-nvidia-latest-dkms-580.105.08"
 
 
 def test_back_to_debians_archive_removes_nvidias_lock_and_repository_and_moves_the_branch(
         driver):
-    plan = driver.driver_plan(_settings())
+    plan = driver.gpuprov_driver_plan(_settings())
     assert plan["install_names"][0] == "nvidia-kernel-dkms" and plan["allow_downgrade"] is True
     state = _state(**{n: ("580.105.08-1", False) for n in plan["held_packages"]},
                    **{"nvidia-driver-pinning-580": ("580-5", False)})
     state["files"] = [{"path": "/etc/apt/sources.list.d/gpuprov-nvidia-cuda.sources"},
                       {"path": "/etc/apt/keyrings/gpuprov-nvidia-cuda.asc"}]
-    work = driver.driver_work(state, plan, host="gpu-a", package_manager="apt")
+    work = driver.gpuprov_driver_work(state, plan, host="gpu-a", package_manager="apt")
     assert work["removed_packages"] == ["nvidia-driver-pinning-580"]
     assert work["stale_files"] == ["/etc/apt/sources.list.d/gpuprov-nvidia-cuda.sources",
                                    "/etc/apt/keyrings/gpuprov-nvidia-cuda.asc"]
@@ -334,23 +345,24 @@ def test_kernel_headers_are_the_running_kernels_and_the_flavours_meta_package(
     assert all(kernel in n for n in running), patterns
     settings = _settings(os_file, branch="580", kernel=kernel, kernel_headers=patterns,
                          kernel_headers_meta=data["__nvidia_driver_kernel_headers_meta"])
-    assert driver.driver_plan(settings)["kernel_headers"] == [*running, meta]
-    no_meta = driver.driver_plan({**settings, "install_kernel_headers_meta": False})
+    assert driver.gpuprov_driver_plan(settings)["kernel_headers"] == [*running, meta]
+    no_meta = driver.gpuprov_driver_plan({**settings, "install_kernel_headers_meta": False})
     assert no_meta["kernel_headers"] == running
-    neither = driver.driver_plan({**settings, "install_kernel_headers_meta": False,
+    neither = driver.gpuprov_driver_plan({**settings, "install_kernel_headers_meta": False,
                                   "install_kernel_headers": False})
     assert neither["kernel_headers"] == []
 
 
 def test_headers_missing_on_a_converged_node_are_apt_work(driver):
-    plan = driver.driver_plan(_settings(
+    plan = driver.gpuprov_driver_plan(_settings(
         version="535.261.03-1", kernel="6.1.0-27-amd64",
         kernel_headers=["linux-headers-6.1.0-27-amd64"],
         kernel_headers_meta="linux-headers-{flavour}"))
     installed = {n: ("535.261.03-1", True) for n in plan["driver_packages"]}
     installed.update({"nvidia-persistenced": ("535.171.04-1", True),
                       "linux-headers-6.1.0-27-amd64": ("6.1.115-1", False)})
-    work = driver.driver_work(_state(**installed), plan, host="gpu-a", package_manager="apt",
+    work = driver.gpuprov_driver_work(_state(**installed), plan, host="gpu-a",
+                                      package_manager="apt",
                               headers=plan["kernel_headers"])
     assert work["apt_work"] == ["linux-headers-amd64"] and not work["apt_converged"]
 
@@ -374,11 +386,11 @@ def _module(version: str | None) -> dict:
 def _next_kernel_work(driver, boot: dict, os_file: str = "Debian_12",
                       installed: str = "535.261.03-1", **overrides):
     data = _os_data(os_file)
-    plan = driver.driver_plan(_settings(
+    plan = driver.gpuprov_driver_plan(_settings(
         os_file, kernel="6.1.0-27-amd64",
         kernel_headers=data["__nvidia_driver_kernel_headers_packages"], **overrides))
     state = _state(**{n: (installed, True) for n in plan["held_packages"]})
-    return driver.driver_work({**state, "boot": boot}, plan, host="gpu-a",
+    return driver.gpuprov_driver_work({**state, "boot": boot}, plan, host="gpu-a",
                               package_manager=data["__nvidia_driver_package_manager"],
                               )["next_kernel"]
 
@@ -415,15 +427,15 @@ def test_a_module_of_another_version_is_rebuilt_and_the_right_one_is_left(driver
 
 def test_nothing_is_built_when_switched_off_or_for_ubuntus_prebuilt_modules(driver):
     assert _next_kernel_work(driver, _boot(None), build_next_kernel=False) is None
-    plan = driver.driver_plan(_settings("Ubuntu_24", branch="580", prebuilt_modules=True,
+    plan = driver.gpuprov_driver_plan(_settings("Ubuntu_24", branch="580", prebuilt_modules=True,
                                         kernel_headers=["linux-headers-{kernel}"]))
     assert plan["next_kernel_build"] is False
-    dkms = driver.driver_plan(_settings("Ubuntu_24", branch="580"))
+    dkms = driver.gpuprov_driver_plan(_settings("Ubuntu_24", branch="580"))
     assert dkms["next_kernel_build"] is True
 
 
 def test_nothing_is_built_before_a_driver_is_installed(driver):
-    plan = driver.driver_plan(_settings(kernel_headers=["linux-headers-{kernel}"]))
-    work = driver.driver_work({**_state(), "boot": _boot(None)}, plan, host="gpu-a",
+    plan = driver.gpuprov_driver_plan(_settings(kernel_headers=["linux-headers-{kernel}"]))
+    work = driver.gpuprov_driver_work({**_state(), "boot": _boot(None)}, plan, host="gpu-a",
                               package_manager="apt")
     assert work["next_kernel"] is None

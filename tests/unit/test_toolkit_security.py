@@ -175,7 +175,8 @@ def test_strategy_problems_name_the_nodes_and_the_setting():
 
 
 def test_filter_reads_each_gpu_hosts_settings_from_the_inventory(ansible_plugin):
-    plugin = ansible_plugin("filter/nvidia_container_toolkit.py")
+    toolkit = ansible_plugin("filter/nvidia_container_toolkit.py")
+    plugin = ansible_plugin("filter/nvidia_device_plugin.py")
     hostvars = {
         "gpu-a": {"gpu_preflight_has_gpu": True},  # the role's defaults
         "gpu-b": {"gpu_preflight_has_gpu": True,
@@ -183,9 +184,9 @@ def test_filter_reads_each_gpu_hosts_settings_from_the_inventory(ansible_plugin)
         "cpu": {"gpu_preflight_has_gpu": False,
                 "nvidia_container_toolkit_accept_volume_mounts": False},
     }
-    (line,) = plugin.device_list_problems("volume-mounts", list(hostvars), hostvars)
+    (line,) = plugin.gpuprov_device_list_problems("volume-mounts", list(hostvars), hostvars)
     assert "which gpu-b would not have" in line
-    merged = plugin.toolkit_config(PACKAGED, _toolkit_config.SECURE)
+    merged = toolkit.gpuprov_toolkit_config(PACKAGED, _toolkit_config.SECURE)
     assert merged["changed"]
 
 
@@ -193,7 +194,7 @@ def test_each_gpu_node_gets_the_plugin_config_of_its_runtime_mode(ansible_plugin
     """gpuprov_runtime_modes: the toolkit stage's mode where it ran in this play, else the
     same decision from the inventory and the runtime the preflight's probe found; CPU hosts
     get none; a CDI node's toolkit settings do not gate the legacy strategy."""
-    plugin = ansible_plugin("filter/nvidia_container_toolkit.py")
+    plugin = ansible_plugin("filter/nvidia_device_plugin.py")
 
     def probe(containerd_version: str) -> dict:
         return {"packages": {"runtime": [{"name": "containerd", "version": containerd_version,
@@ -208,12 +209,12 @@ def test_each_gpu_node_gets_the_plugin_config_of_its_runtime_mode(ansible_plugin
                    "nvidia_container_toolkit_mode": "legacy"},
         "cpu": {"gpu_preflight_has_gpu": False},
     }
-    assert plugin.node_modes(list(hostvars), hostvars) == {
+    assert plugin.gpuprov_runtime_modes(list(hostvars), hostvars) == {
         "applied": "cdi", "old": "legacy", "new.k8s": "cdi", "pinned": "legacy"}
     # volume-mounts needs the toolkit to accept mounts, on legacy nodes only.
     refusing = {"nvidia_container_toolkit_accept_volume_mounts": False}
     for host in hostvars:
         hostvars[host] = {**hostvars[host], **refusing}
-    lines = plugin.device_list_problems("volume-mounts", list(hostvars), hostvars)
+    lines = plugin.gpuprov_device_list_problems("volume-mounts", list(hostvars), hostvars)
     assert len(lines) == 1 and "old" in lines[0] and "pinned" in lines[0]
     assert "applied" not in lines[0] and "new" not in lines[0]

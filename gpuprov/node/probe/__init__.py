@@ -8,7 +8,7 @@ Entry points: ``gpuprov.node.probe.report.collect(root="/") -> dict`` and
 ``python3 -m gpuprov.node.probe``. The roles' own reads of a node (packages, modules, units, the
 files they write) are ``gpuprov.node.probe.node_state.read``, which Ansible ships to nodes as
 the gpuprov_node_state module's module_utils (plugins/modules/gpuprov_node_state.py).
-Hence relative imports inside gpuprov/probe and nothing imported here: the package works
+Hence relative imports inside gpuprov/node and nothing imported here: the package works
 both as ``gpuprov.node.probe`` and as ``ansible.module_utils.gpuprov.node.probe``, and the module
 carries only the files it imports.
 

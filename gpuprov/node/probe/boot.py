@@ -169,7 +169,8 @@ def next_boot_problem(boot: dict, installed: str | None) -> str | None:
     """Why the kernel the node boots next would come up without a working driver: no nvidia
     module, or one of another version than the installed driver's. None where nothing is
     wrong or nothing can be judged (no image in /boot, no driver installed). One judgement for
-    verify's driver.next-boot and the nvidia_driver role's rebuild (driver_plan)."""
+    verify's driver.next-boot and the nvidia_driver role's rebuild
+    (gpuprov.stages.nvidia_driver)."""
     kernel = boot.get("next_kernel")
     if kernel is None or installed is None:
         return None
