@@ -7,7 +7,8 @@ dev extras were missing (grpc), looping on the same exception twice a second.
 
 For each variant, on the same lab, one after the other: the lab's emulator is stopped, the
 variant's is started against the lab (a fresh API: the lab's nodes, no workloads), left to
-settle, then its process's CPU time (/proc/<pid>/stat utime + stime) is read over --seconds
+settle (with --pods N, after N sleeping pods were created: a lab in use), then its process's
+CPU time (/proc/<pid>/stat utime + stime) is read over --seconds
 (default 60), with the lines its log grew by meanwhile. Variants: this checkout's emulator,
 and with --baseline REV the emulator of REV (a git worktree of REV, measured in the same
 run: the ratio this/baseline); each also with grpc made unimportable (--no-grpc), as after
@@ -15,6 +16,7 @@ run: the ratio this/baseline); each also with grpc made unimportable (--no-grpc)
 back (its state, e.g. site.yml's objects, is not restored: the emulator keeps it in memory).
 
     .venv/bin/python bench/lab_api_idle.py [-d LAB_PROJECT_DIR] [--baseline REV] [--no-grpc]
+                                           [--pods N]
 
 Without -d it brings up a lab of its own in a temporary directory and removes it after.
 """
@@ -88,11 +90,30 @@ def serve(checkout: Path, lab: Lab, no_grpc: bool, shim: Path) -> subprocess.Pop
     return proc
 
 
+def start_pods(lab: Lab, count: int) -> None:
+    """`count` pods that sleep, placed by the scheduler: what a lab in use holds (verify's smoke
+    pods, a user's). Each is a real container in its node, which the kubelet follows."""
+    from kubernetes import client
+
+    api = client.ApiClient(client.Configuration(host=app.url(lab.kube_dir)))
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": "bench-idle"}})
+    for i in range(count):
+        core.create_namespaced_pod("bench-idle", {
+            "metadata": {"name": f"sleeper-{i}"},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "sleep", "image": lab.require().pod_image,
+                                     "command": ["sleep", "3600"]}]}})
+    api.close()
+
+
 def measure(name: str, checkout: Path, lab: Lab, no_grpc: bool, seconds: float,
-            shim: Path) -> Figure:
+            shim: Path, pods: int) -> Figure:
     app.stop(lab.kube_dir)
     proc = serve(checkout, lab, no_grpc, shim)
     try:
+        if pods:
+            start_pods(lab, pods)
         time.sleep(SETTLE_SECONDS)
         log = lab.kube_dir / app.LOG_FILE
         lines = log.read_text(errors="replace").count("\n")
@@ -127,6 +148,8 @@ def main() -> None:
     parser.add_argument("--no-grpc", action="store_true",
                         help="also measure each variant with grpc unimportable")
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--pods", type=int, default=0, metavar="N",
+                        help="start N sleeping pods first (a lab in use), default 0")
     args = parser.parse_args()
     own = None if args.dir else Path(tempfile.mkdtemp(prefix="gpuprov-bench-api-"))
     lab = Lab(args.dir or own)
@@ -142,7 +165,7 @@ def main() -> None:
         figures = {}
         for no_grpc in (False, True) if args.no_grpc else (False,):
             for name, checkout in variants:
-                figure = measure(name, checkout, lab, no_grpc, args.seconds, shim)
+                figure = measure(name, checkout, lab, no_grpc, args.seconds, shim, args.pods)
                 figures[(name, no_grpc)] = figure
         if baseline is not None:
             for no_grpc in (False, True) if args.no_grpc else (False,):

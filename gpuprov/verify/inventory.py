@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import getpass
+import os
+import re
 import shlex
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -158,17 +160,33 @@ def node_from_vars(name: str, groups: set[str], hostvars: dict[str, Any],
     except ValueError:
         raise GpuprovError(f"inventory host {name}: ansible_port {port!r} is not a number; "
                            "fix it in the inventory") from None
+    host = str(first("ansible_host", "ansible_ssh_host") or name)
+    # ssh's own default, as Ansible's when remote_user is unset.
+    user = str(first("ansible_user", "ansible_ssh_user") or getpass.getuser())
     target = SshTarget(
         name=name,
-        host=str(first("ansible_host", "ansible_ssh_host") or name),
+        host=host,
         port=port_number,
-        # ssh's own default, as Ansible's when remote_user is unset.
-        user=str(first("ansible_user", "ansible_ssh_user") or getpass.getuser()),
+        user=user,
         key_file=_text(first("ansible_ssh_private_key_file", "ansible_private_key_file")),
-        known_hosts=known_hosts.split()[0] if known_hosts else None,
+        known_hosts=(_expand_ssh_path(known_hosts.split()[0], host, port_number, user, name)
+                     if known_hosts else None),
         check_host_keys=bool(checking),
     )
     return Node(name=name, target=target, **common)
+
+
+_SSH_TOKEN = re.compile(r"%(.)")
+
+
+def _expand_ssh_path(path: str, host: str, port: int, user: str, alias: str) -> str:
+    """A UserKnownHostsFile as ssh reads it (ssh_config(5), TOKENS): the tilde, environment
+    variables and the tokens that name the local user, the host, port and remote user. Ansible
+    hands the option to ssh, which expands it; gpuprov reads the file itself."""
+    local = {"%": "%", "d": os.path.expanduser("~"), "u": getpass.getuser(), "h": host,
+             "p": str(port), "r": user, "n": alias}
+    path = _SSH_TOKEN.sub(lambda m: local.get(m.group(1), m.group(0)), path)
+    return os.path.expanduser(os.path.expandvars(path))
 
 
 @contextlib.contextmanager

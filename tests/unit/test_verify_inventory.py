@@ -126,6 +126,21 @@ def test_ssh_args(args, known_hosts, checking):
     assert node.target.user == getpass.getuser()  # ssh's default, as Ansible's
 
 
+def test_known_hosts_paths_are_expanded_as_ssh_expands_them(monkeypatch, tmp_path):
+    """OpenSSH expands ~, environment variables and %-tokens in UserKnownHostsFile (what
+    Ansible hands it); gpuprov reads the file itself, so it must find the same file."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SITE", "prod")
+    args = "-o UserKnownHostsFile=~/.ssh/${SITE}_%h_%p_%r_%%"
+    node = inventory.node_from_vars("n", {"gpu_nodes"}, {
+        "ansible_ssh_common_args": args, "ansible_host": "192.0.2.7", "ansible_port": 2222,
+        "ansible_user": "ops"})
+    assert node.target.known_hosts == f"{tmp_path}/.ssh/prod_192.0.2.7_2222_ops_%"
+    node = inventory.node_from_vars("n", {"gpu_nodes"}, {
+        "ansible_ssh_common_args": "-o UserKnownHostsFile=%d/kh"})
+    assert node.target.known_hosts == f"{tmp_path}/kh"
+
+
 def test_host_key_checking_variable_and_config_default():
     off = inventory.node_from_vars("n", set(), {"ansible_host_key_checking": False})
     assert off.target.check_host_keys is False
