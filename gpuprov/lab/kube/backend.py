@@ -417,7 +417,9 @@ class LabBackend:
     def __init__(self, lab_dir: Path) -> None:
         self.lab_dir = Path(lab_dir)
         state = json.loads((self.lab_dir / "lab.json").read_text())
-        self.containers = {n["name"]: n["container"] for n in state["nodes"]}
+        # Kubernetes nodes only: a Docker host (engine docker) has no kubelet.
+        self.containers = {n["name"]: n["container"] for n in state["nodes"]
+                           if n.get("engine", "containerd") == "containerd"}
         self._gpu_cache: dict[str, tuple[tuple, list[Gpu] | None]] = {}
         self._runtime_cache: dict[str, tuple[float, RuntimeConfig]] = {}
         # node -> (host PID of its container's init, the container's ID)
