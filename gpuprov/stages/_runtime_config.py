@@ -26,8 +26,8 @@ to the old plugin name and ignores them, so no NVIDIA runtime written there take
 (version 2 is fine: 2.x migrates each file to version 3 as it loads it). Likewise a version 3
 config on containerd 1.x: 1.7 refuses it, 1.6.20 loads it and ignores its CRI plugin ids.
 
-Docker: daemon.json is one JSON object; runtimes.<name> (and default-runtime) are set,
-every other key is kept.
+Docker: daemon.json is one JSON object; runtimes.<name> (and default-runtime), features.cdi
+and the node's GPUs in node-generic-resources (Swarm) are set, every other key is kept.
 
 TOML is read with tomllib (the standard library: the same parser the probe uses on Python
 3.11+) and written with tomlkit, which keeps the main file's comments and formatting when
@@ -286,36 +286,92 @@ def _check(before: dict, after: dict, plugin_id: str, cri: dict, drop_in_path: s
                                  f"{plugin_id} plugin table; refusing (a gpuprov bug)")
 
 
+# Swarm: a node advertises its GPUs as named generic resources of one kind in daemon.json
+# (node-generic-resources: "KIND=VALUE" entries, parsed by swarmkit's api/genericresource/parse.go
+# `Parse`: split at "=", a kind whose values are all non-numbers is a set of named resources).
+# Swarm hands a task the ones it assigned as one environment variable, "DOCKER_RESOURCE_" and the
+# kind, upper-cased, the values joined by "," (swarmkit api/genericresource/string.go `EnvFormat`,
+# called with the prefix "DOCKER_RESOURCE" by moby's executor,
+# daemon/cluster/executor/container/container.go). NVIDIA's hook and runtime take the GPUs from
+# the variable the toolkit's `swarm-resource` names (api/config/v1/config.go `SwarmResource`,
+# internal/config/image/cuda_image.go `visibleEnvVars`), whose commented default is
+# DOCKER_RESOURCE_GPU (api/config/v1/toml.go): right only for the kind "gpu"/"GPU", wrong for
+# the "NVIDIA-GPU" of Docker's own daemon.json reference, the classic mismatch. gpuprov derives
+# one name from the other.
+SWARM_ENV_PREFIX = "DOCKER_RESOURCE"
+SWARM_GPU_KIND = "NVIDIA-GPU"
+
+
+def swarm_resource_env(kind: str) -> str:
+    """The variable Swarm sets for a task's resources of this kind (swarmkit's EnvFormat)."""
+    return (SWARM_ENV_PREFIX + "_" + kind).upper()
+
+
+def swarm_kind_problem(kind: object) -> str | None:
+    """Why `kind` cannot be a generic resource kind whose values reach NVIDIA's hook."""
+    if not isinstance(kind, str) or not kind.strip() or kind != kind.strip():
+        return f"the Swarm GPU resource kind must be a word (is {kind!r})"
+    # "=" splits swarmkit's term; "," splits the variable's values, which NVIDIA reads as a list.
+    if any(c in kind for c in "=,\n"):
+        return f"the Swarm GPU resource kind {kind!r} may contain no '=', ',' or newline"
+    return None
+
+
 def docker_nvidia(
     text: str | None,
     *,
     runtime_name: str = "nvidia",
     binary: str = "/usr/bin/nvidia-container-runtime",
     set_default: bool = False,
+    cdi: bool = False,
+    generic_resources: list[str] | None = None,
+    resource_kind: str = SWARM_GPU_KIND,
+    path: str = "/etc/docker/daemon.json",
 ) -> dict:
     """daemon.json with runtimes.<runtime_name>; every other key kept.
 
     set_default false also takes back a default-runtime that names this runtime (Docker's
-    default, runc, applies again). Returns {"text": ..., "changed": bool}; an unchanged
-    config is returned byte for byte."""
+    default, runc, applies again). cdi: features.cdi on (Docker 25-27 need it; the admin's other
+    features are kept). generic_resources (GPU UUIDs; None: not a Swarm GPU node): the
+    node-generic-resources entries of resource_kind become exactly these, entries of other
+    kinds are kept. Returns {"text": ..., "changed": bool}; an unchanged config is returned
+    byte for byte."""
     try:
         config = json.loads(text) if text and text.strip() else {}
     except ValueError as exc:
-        raise RuntimeConfigError(f"/etc/docker/daemon.json is not valid JSON ({exc})") from None
+        raise RuntimeConfigError(f"{path} is not valid JSON ({exc})") from None
     if not isinstance(config, dict):
-        raise RuntimeConfigError("/etc/docker/daemon.json is not a JSON object")
+        raise RuntimeConfigError(f"{path} is not a JSON object")
     new = copy.deepcopy(config)
     runtimes = new.get("runtimes")
     if runtimes is None:
         runtimes = new["runtimes"] = {}
     if not isinstance(runtimes, dict):
-        raise RuntimeConfigError("/etc/docker/daemon.json: runtimes is not an object")
+        raise RuntimeConfigError(f"{path}: runtimes is not an object")
     entry = runtimes.get(runtime_name) if isinstance(runtimes.get(runtime_name), dict) else {}
     runtimes[runtime_name] = {**entry, "path": binary, "args": entry.get("args", [])}
     if set_default:
         new["default-runtime"] = runtime_name
     elif new.get("default-runtime") == runtime_name:
         del new["default-runtime"]
+    if cdi:
+        features = new.setdefault("features", {})
+        if not isinstance(features, dict):
+            raise RuntimeConfigError(f"{path}: features is not an object")
+        features["cdi"] = True
+    if generic_resources is not None:
+        problem = swarm_kind_problem(resource_kind)
+        if problem:
+            raise RuntimeConfigError(problem)
+        have = new.get("node-generic-resources", [])
+        if not isinstance(have, list) or not all(isinstance(e, str) for e in have):
+            raise RuntimeConfigError(f"{path}: node-generic-resources is not a list of "
+                                     "\"KIND=VALUE\" strings")
+        others = [e for e in have if e.partition("=")[0].strip() != resource_kind]
+        new["node-generic-resources"] = others + [f"{resource_kind}={uuid}"
+                                                  for uuid in generic_resources]
+        if not new["node-generic-resources"]:
+            del new["node-generic-resources"]
     if new == config and text is not None:
         return {"text": text, "changed": False, "config": new}
     return {"text": json.dumps(new, indent=2) + "\n", "changed": True, "config": new}

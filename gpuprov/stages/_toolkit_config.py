@@ -28,6 +28,9 @@ import tomlkit
 
 from gpuprov.node.probe.runtime import TOOLKIT_CONFIG, TOOLKIT_KEYS
 
+# The variable(s) NVIDIA's hook and runtime read a Swarm task's GPUs from (api/config/v1/config.go
+# `SwarmResource`): a string, where the keys above are booleans.
+SWARM_RESOURCE = "swarm-resource"
 ENVVAR_UNPRIVILEGED = "accept-nvidia-visible-devices-envvar-when-unprivileged"
 AS_VOLUME_MOUNTS = "accept-nvidia-visible-devices-as-volume-mounts"
 # gpuprov's defaults: no GPU for a container that did not get one from the device plugin.
@@ -45,7 +48,7 @@ def merge(text: str | None, settings: Mapping[str, bool],
     `text` None: the file is missing (the package not installed yet, in check mode); the
     result then holds the settings alone. Keys other than TOOLKIT_KEYS are refused: this
     sets who gets GPUs, nothing else."""
-    unknown = sorted(set(settings) - set(TOOLKIT_KEYS))
+    unknown = sorted(set(settings) - set(TOOLKIT_KEYS) - {SWARM_RESOURCE})
     if unknown:
         raise ToolkitConfigError(f"not a toolkit setting gpuprov manages: {', '.join(unknown)}")
     try:
@@ -55,6 +58,12 @@ def merge(text: str | None, settings: Mapping[str, bool],
                                  "and reinstall nvidia-container-toolkit-base) first") from None
     doc = tomlkit.parse(text or "")
     for key, value in settings.items():
+        if key == SWARM_RESOURCE:
+            if not isinstance(value, str) or not value:
+                raise ToolkitConfigError(f"{key} must be a variable name (is {value!r})")
+            if doc.get(key) != value:
+                doc[key] = value
+            continue
         if not isinstance(value, bool):
             raise ToolkitConfigError(f"{key} must be true or false (is {value!r})")
         if doc.get(key) is not value:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from gpuprov import runtime_mode
 from gpuprov.node.probe import runtime as probe_runtime
-from gpuprov.stages import _toolkit_config
+from gpuprov.stages import _runtime_config, _toolkit_config
 from gpuprov.stages._node_read import (
     HOST_SETTING_VARS,
     file_current,
@@ -65,6 +65,13 @@ class Settings:
     accept_volume_mounts: bool = True
     mode: str = runtime_mode.AUTO  # auto | cdi | legacy (gpuprov/runtime_mode.py)
     default_runtime: bool = True  # legacy mode: NVIDIA's runtime as the runtime's default
+    docker_config: str = "/etc/docker/daemon.json"
+    # Docker: NVIDIA's runtime as Docker's default only where the admin asks (a container that
+    # asks for no GPU then runs through plain runc and gets none, whatever its environment).
+    docker_default_runtime: bool = False
+    # Docker: the host is a Swarm GPU node (its GPUs advertised as generic resources).
+    docker_swarm: bool = False
+    swarm_resource_kind: str = _runtime_config.SWARM_GPU_KIND
 
     @classmethod
     def from_vars(cls, values: Mapping) -> Settings:
@@ -94,6 +101,10 @@ SETTING_VARS = {
     "accept_volume_mounts": "nvidia_container_toolkit_accept_volume_mounts",
     "mode": "nvidia_container_toolkit_mode",
     "default_runtime": "nvidia_container_toolkit_default_runtime",
+    "docker_config": "nvidia_container_toolkit_docker_config",
+    "docker_default_runtime": "nvidia_container_toolkit_docker_default_runtime",
+    "docker_swarm": "nvidia_container_toolkit_docker_swarm",
+    "swarm_resource_kind": "nvidia_container_toolkit_swarm_resource_kind",
 }
 
 
@@ -103,6 +114,7 @@ def plan(s: Settings) -> dict:
         names = [f"{n}{VERSION_SEPARATORS[s.package_manager]}{s.version}" for n in s.packages]
     apt = s.package_manager == "apt"
     containerd = s.runtime == "containerd"
+    docker = s.runtime == "docker"
     return {
         "settings": dataclasses.asdict(s),
         "install_names": names,
@@ -111,7 +123,8 @@ def plan(s: Settings) -> dict:
         # differs; the configs are read for their text, to merge into.
         "written_files": ([s.keyring, s.apt_sources_path] if apt else [])
         + ([s.containerd_drop_in] if containerd else []),
-        "read_configs": ([s.containerd_config] if containerd else []) + [s.toolkit_config]
+        "read_configs": ([s.containerd_config] if containerd else [])
+        + ([s.docker_config] if docker else []) + [s.toolkit_config]
         # The toolkit's CDI spec: kept current in cdi mode (cdi_refresh in work()).
         + [runtime_mode.CDI_SPEC],
         # The armoured key as fetched, kept next to the keyring so that a rotated key is
@@ -119,12 +132,31 @@ def plan(s: Settings) -> dict:
         "key_source": re.sub(r"\.gpg$", "", s.keyring) + ".asc",
         # The toolkit's GPU-access keys as the settings want them
         # (gpuprov/stages/_toolkit_config.py).
-        "gpu_access": {
-            "accept-nvidia-visible-devices-envvar-when-unprivileged": s.accept_envvar_unprivileged,
-            "accept-nvidia-visible-devices-as-volume-mounts": s.accept_volume_mounts,
-        },
+        "gpu_access": gpu_access(s),
         "problem": setting_problem(s),
     }
+
+
+def gpu_access(s: Settings) -> dict:
+    """The toolkit's keys that decide which containers get GPUs, as the settings want them.
+
+    Docker: the variable is honoured from unprivileged containers whatever the setting, since
+    Docker's own `--gpus` hands the request to NVIDIA's hook only by NVIDIA_VISIBLE_DEVICES
+    (moby daemon/devices_nvidia_linux.go `injectNVIDIARuntimeHook`) and NVIDIA's hook honours
+    the variable from an unprivileged container only with this key on
+    (internal/config/image/cuda_image.go `VisibleDevices`): off, `--gpus` gives no GPU. What
+    keeps a container that asked for none from GPUs on Docker is that NVIDIA's runtime is not
+    Docker's default (docker_default_runtime), so no hook runs for it. A Swarm GPU node also
+    names the variable Swarm sets for the GPUs it assigned (swarm-resource)."""
+    docker = s.runtime == "docker"
+    access: dict = {
+        _toolkit_config.ENVVAR_UNPRIVILEGED: s.accept_envvar_unprivileged or docker,
+        _toolkit_config.AS_VOLUME_MOUNTS: s.accept_volume_mounts,
+    }
+    if docker and s.docker_swarm:
+        access[_toolkit_config.SWARM_RESOURCE] = _runtime_config.swarm_resource_env(
+            s.swarm_resource_kind)
+    return access
 
 
 def setting_problem(s: Settings) -> str | None:
@@ -139,6 +171,10 @@ def setting_problem(s: Settings) -> str | None:
                 "a RuntimeClass handler name (lower case letters, digits, '-'; is "
                 f"{s.runtime_name}) and nvidia_container_toolkit_runtime_binary an absolute path "
                 f"(is {s.runtime_binary}).")
+    if s.runtime == "docker" and s.docker_swarm:
+        problem = _runtime_config.swarm_kind_problem(s.swarm_resource_kind)
+        if problem:
+            return f"{s.host}: nvidia_container_toolkit_swarm_resource_kind: {problem}."
     return None
 
 
@@ -164,6 +200,7 @@ def work(the_plan: Mapping, state: Mapping, probe_packages: list, *,
     if problem is None and choice.problem:
         problem = f"{s['host']}: {choice.problem}"
     cdi = choice.mode == runtime_mode.CDI
+    docker = s["runtime"] == "docker"
     sources_current = apt_sources is not None and file_current(files, s["apt_sources_path"],
                                                                apt_sources)
     return {
@@ -172,7 +209,7 @@ def work(the_plan: Mapping, state: Mapping, probe_packages: list, *,
         # CDI on in the runtime and NVIDIA's runtime not its default.
         "mode": choice.mode,
         "mode_reason": choice.reason,
-        "set_default": bool(s["default_runtime"]) and not cdi,
+        "set_default": set_default(s, cdi),
         "cdi_refresh": cdi and cdi_refresh(contents.get(runtime_mode.CDI_SPEC), nvml,
                                            driver_changed),
         "keyring_found": bool(keyring),
@@ -189,11 +226,39 @@ def work(the_plan: Mapping, state: Mapping, probe_packages: list, *,
         "missing": packages_missing(s["packages"], probe_packages, s["version"]),
         "unheld": [n for n in s["packages"] if n not in held] if s["hold"] else [],
         "containerd_text": contents.get(s["containerd_config"]),
+        # Docker: daemon.json with NVIDIA's runtime, the cdi feature (cdi mode) and, on a Swarm
+        # GPU node, its GPUs as generic resources ({"text", "changed"}; None elsewhere).
+        "docker": docker_config(s, contents.get(s["docker_config"]), cdi, nvml)
+        if docker and problem is None else None,
         # The toolkit's config.toml with the GPU-access keys set, from the file as read (none:
         # missing, e.g. in check mode before the package is installed): {"text", "changed"}.
         "config": _toolkit_config.merge(contents.get(s["toolkit_config"]), the_plan["gpu_access"],
                                        path=s["toolkit_config"]),
     }
+
+
+def set_default(s: Mapping, cdi: bool) -> bool:
+    """Whether NVIDIA's runtime becomes the runtime's default. containerd/CRI-O in legacy mode:
+    default_runtime (the device plugin's pods need it). Docker: only where the admin asks
+    (docker_default_runtime), or on a Swarm GPU node: Swarm lets no service pick a runtime, so
+    its tasks reach NVIDIA's hook only through the default."""
+    if s["runtime"] == "docker":
+        return bool(s["docker_default_runtime"]) or bool(s["docker_swarm"])
+    return bool(s["default_runtime"]) and not cdi
+
+
+def docker_config(s: Mapping, text: str | None, cdi: bool, nvml: Mapping | None) -> dict:
+    """daemon.json merged (gpuprov/stages/_runtime_config.py docker_nvidia): on a Swarm GPU
+    node, the GPUs NVML answers for (by UUID) are the node's generic resources."""
+    uuids = None
+    if s["docker_swarm"]:
+        uuids = [g["uuid"] for g in (nvml or {}).get("gpus") or []
+                 if g.get("error") is None and g.get("uuid")]
+    merged = _runtime_config.docker_nvidia(
+        text, runtime_name=s["runtime_name"], binary=s["runtime_binary"],
+        set_default=set_default(s, cdi), cdi=cdi, generic_resources=uuids,
+        resource_kind=s["swarm_resource_kind"], path=s["docker_config"])
+    return {"text": merged["text"], "changed": merged["changed"]}
 
 
 def cdi_refresh(spec_text: str | None, nvml: Mapping | None, driver_changed: bool) -> bool:

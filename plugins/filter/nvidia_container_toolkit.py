@@ -9,8 +9,9 @@ gpuprov.node.probe.runtime).
            read_configs, key_source, gpu_access, problem)
     state | gpuprov_toolkit_work(plan, probe_packages, apt_sources=text|None, check_mode=...)
         -> what the node's read leaves to do (runtime_problem, keyring_found, keyring_ok,
-           apt_sources_current, repo_pending, missing, unheld, containerd_text, config: the
-           toolkit's config.toml merged as gpuprov_toolkit_config does)
+           apt_sources_current, repo_pending, missing, unheld, containerd_text, docker:
+           daemon.json merged, config: the toolkit's config.toml merged as
+           gpuprov_toolkit_config does)
     work | gpuprov_toolkit_repository(manage_repo=..., key_changed=...)
         -> {"dearmor_needed", "work"}: the repository steps after the key was fetched
     text | gpuprov_toolkit_config(settings, path=...)
@@ -56,7 +57,8 @@ def gpuprov_toolkit_work(state: Any, plan: Any, probe_packages: Any, apt_sources
         plan, state, probe_packages, apt_sources=apt_sources,
         nvml=nvml if isinstance(nvml, Mapping) else None,
         driver_changed=support.truthy(driver_changed), check_mode=support.truthy(check_mode)),
-        (support.stage("_toolkit_config").ToolkitConfigError,))
+        (support.stage("_toolkit_config").ToolkitConfigError,
+         support.stage("_runtime_config").RuntimeConfigError))
 
 
 def gpuprov_toolkit_repository(work: Any, manage_repo: Any, key_changed: Any) -> dict:

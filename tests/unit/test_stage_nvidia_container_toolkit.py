@@ -58,7 +58,8 @@ def test_dnf_and_docker_nodes_write_and_read_other_files(toolkit):
                                           version="1.18.1-1"))
     assert plan["install_names"][0] == "nvidia-container-toolkit-1.18.1-1"
     assert plan["written_files"] == []
-    assert plan["read_configs"] == ["/etc/nvidia-container-runtime/config.toml",
+    assert plan["read_configs"] == ["/etc/docker/daemon.json",
+                                    "/etc/nvidia-container-runtime/config.toml",
                                     "/var/run/cdi/nvidia.yaml"]
 
 
@@ -94,7 +95,7 @@ def test_a_converged_node_leaves_no_work(toolkit):
     assert work == {"runtime_problem": None, "keyring_found": True, "keyring_ok": True,
                     "apt_sources_current": True, "repo_pending": False, "missing": [],
                     "unheld": [],
-                    "containerd_text": "version = 2\n",
+                    "containerd_text": "version = 2\n", "docker": None,
                     "config": {"text": state["contents"][plan["read_configs"][1]],
                                "changed": False},
                     # containerd 1.6: no CDI, so NVIDIA's runtime as the default.
