@@ -4,6 +4,8 @@ gpuprov.nvidia.labels' (GPU Feature Discovery's rules), shared with `gpuprov ver
 
     node_plan(nodes, node_name, expected)   the label patch for one node, and what it removes
     taint_plan(taints, key, value, effect)   the node's taints with gpuprov's
+    swarm_plan(labels, expected)             a Swarm node's labels: the `docker node update`
+                                             arguments that make gpuprov's owned ones expected
 """
 
 from __future__ import annotations
@@ -36,3 +38,17 @@ def taint_plan(taints: Iterable[Mapping[str, Any]], key: str, value: str,
                   for t in taints)
     wanted = [t for t in taints if not (t.get("key") == key and t.get("effect") == effect)]
     return {"tainted": tainted, "taints": [*wanted, {"key": key, "value": value, "effect": effect}]}
+
+
+def swarm_plan(labels: Mapping[str, Any] | None, expected: Mapping[str, str],
+               series_key: str = DEFAULT_SERIES_KEY) -> dict[str, Any]:
+    """The same labels on a Swarm node (node.labels, which services are placed by:
+    `--constraint node.labels.gputype==h100`), set through a manager: {"patch", "removed",
+    "args"}, args being `docker node update`'s --label-add KEY=VALUE / --label-rm KEY for
+    the owned keys that differ (labels gpuprov does not own are left alone)."""
+    patch = label_patch(labels or {}, expected, series_key)
+    args: list[str] = []
+    for key, value in sorted(patch.items()):
+        args += ["--label-rm", key] if value is None else ["--label-add", f"{key}={value}"]
+    return {"expected": dict(expected), "patch": patch, "args": args,
+            "removed": [key for key, value in patch.items() if value is None]}

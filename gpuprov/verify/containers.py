@@ -58,6 +58,8 @@ class ContainerRun:
     cdi: bool = False  # the CDI requests were made (Docker >= 25 in cdi mode)
     records: Mapping[str, tuple[ContainerRecord, ...]] = dataclasses.field(default_factory=dict)
     error: str = ""  # the engine could not be reached or asked
+    swarm_node_id: str = ""  # the host's node in its swarm ("" outside one)
+    swarm_manager: bool = False  # its engine manages the swarm
 
 
 def docker_client(target: Any, timeout: float = 60.0) -> Any:
@@ -186,9 +188,13 @@ def _removing(client: Any, run_id: str) -> Iterator[None]:
 
 
 def run_node(target: Any, node: str, gpus: Sequence[Mapping[str, Any]], image: str,
-             cdi_mode: bool, timeout: float, kinds: Sequence[str]) -> ContainerRun:
-    """The smoke containers on one Docker host; `gpus`: NVML's GPUs ({index, uuid})."""
+             toolkit_mode: str | None, timeout: float, kinds: Sequence[str]) -> ContainerRun:
+    """The smoke containers on one Docker host; `gpus`: NVML's GPUs ({index, uuid});
+    `toolkit_mode`: the host's nvidia_container_toolkit_mode (None: auto), which with the
+    engine's version says whether Docker injects CDI devices there (gpuprov/runtime_mode.py)."""
     import docker
+
+    from gpuprov import runtime_mode
 
     try:
         client = docker_client(target)
@@ -198,8 +204,9 @@ def run_node(target: Any, node: str, gpus: Sequence[Mapping[str, Any]], image: s
         return ContainerRun(node, error=f"the Docker Engine API did not answer over SSH: "
                                         f"{_engine_words(exc)}")
     engine = str(version.get("Version") or "")
-    major = int(engine.split(".")[0]) if engine[:1].isdigit() else 0
-    cdi = cdi_mode and major >= 25
+    cdi = runtime_mode.choose(toolkit_mode, "docker",
+                              f"Docker version {engine}").mode == runtime_mode.CDI
+    swarm_info = info.get("Swarm") or {}
     run_id = secrets.token_hex(4)
     records: dict[str, tuple[ContainerRecord, ...]] = {}
     uuids = [str(g.get("uuid")) for g in gpus]
@@ -226,15 +233,18 @@ def run_node(target: Any, node: str, gpus: Sequence[Mapping[str, Any]], image: s
     finally:
         with contextlib.suppress(Exception):
             client.close()
-    return ContainerRun(node, engine, str(info.get("DefaultRuntime") or ""), cdi, records)
+    return ContainerRun(node, engine, str(info.get("DefaultRuntime") or ""), cdi, records,
+                        swarm_node_id=str(swarm_info.get("NodeID") or "")
+                        if swarm_info.get("LocalNodeState") == "active" else "",
+                        swarm_manager=bool(swarm_info.get("ControlAvailable")))
 
 
-def run(hosts: Sequence[tuple[Any, str, Sequence[Mapping[str, Any]], bool]], image: str,
+def run(hosts: Sequence[tuple[Any, str, Sequence[Mapping[str, Any]], str | None]], image: str,
         timeout: float, kinds: Sequence[str], concurrency: int = 16) -> dict[str, ContainerRun]:
-    """run_node on every (target, node, gpus, cdi_mode), in parallel."""
+    """run_node on every (target, node, gpus, toolkit_mode), in parallel."""
     if not hosts:
         return {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(concurrency, len(hosts))) as pool:
-        futures = {node: pool.submit(run_node, target, node, gpus, image, cdi, timeout, kinds)
-                   for target, node, gpus, cdi in hosts}
+        futures = {node: pool.submit(run_node, target, node, gpus, image, mode, timeout, kinds)
+                   for target, node, gpus, mode in hosts}
         return {node: future.result() for node, future in futures.items()}

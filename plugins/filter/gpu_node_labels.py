@@ -9,6 +9,8 @@ computation, which `gpuprov verify` uses too) and the role's work on the Node
         -> {"found", "patch", "removed"}: the role's work on the node
     taints | gpuprov_taint_plan(key, value, effect)
         -> {"tainted", "taints"}: the node's taints with gpuprov's
+    swarm_labels | gpuprov_label_swarm_plan(expected, series_key='gputype')
+        -> {"patch", "removed", "args"}: `docker node update` arguments for a Swarm node
 """
 
 from __future__ import annotations
@@ -54,5 +56,13 @@ def gpuprov_taint_plan(taints: Any, key: Any, value: Any, effect: Any) -> dict:
         [t for t in taints if isinstance(t, Mapping)], str(key), str(value), str(effect))
 
 
+def gpuprov_label_swarm_plan(labels: Any, expected: Any, series_key: str = "gputype") -> dict:
+    expected = support.mapping(expected, "gpuprov_label_swarm_plan", "the computed labels (a dict)")
+    current = labels if isinstance(labels, Mapping) else {}
+    return support.reported("gpuprov_label_swarm_plan", lambda: support.stage(
+        "gpu_node_labels").swarm_plan(current, expected, str(series_key)), (Exception,))
+
+
 FilterModule = support.filter_module(gpuprov_node_labels, gpuprov_label_owned,
-                                     gpuprov_label_node_plan, gpuprov_taint_plan)
+                                     gpuprov_label_node_plan, gpuprov_taint_plan,
+                                     gpuprov_label_swarm_plan)
