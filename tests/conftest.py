@@ -27,7 +27,8 @@ def repo_root() -> Path:
 # its tests in order, so the three labs run side by side from the start while the unit tests,
 # one unit per module, spread over whatever worker is free.
 OWN_LAB_MODULES = {"test_driver_source_switch.py": "switchlab",
-                   "test_upgrade_driver.py": "upgradelab"}
+                   "test_upgrade_driver.py": "upgradelab",
+                   "test_docker_lab.py": "dockerlab"}
 
 
 def scheduling_unit(nodeid: str) -> str:

@@ -206,9 +206,12 @@ def _smoke_image(results: Sequence[nodes.ProbeResult], options: Options) -> str:
 
 def container_findings(results: Sequence[nodes.ProbeResult], selected: Sequence[Check],
                        options: Options) -> tuple[list[Finding], dict]:
-    """Smoke containers on the Docker hosts with GPUs, then the container checks."""
+    """Smoke containers on the Docker hosts with GPUs, then the container checks; and the
+    hosts' engines asked for their swarm membership, which the swarm phase needs."""
     checks = [c for c in selected if c.phase == "container"]
-    if not checks:
+    wants_swarm = any(c.phase == "swarm" for c in selected) and any(r.node.swarm
+                                                                     for r in results)
+    if not checks and not wants_swarm:
         return [], {}
     kinds = [c.id.split(".", 1)[1] for c in checks]
     hosts, why_not = [], {}

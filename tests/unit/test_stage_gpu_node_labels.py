@@ -27,3 +27,17 @@ def test_the_taint_plan_replaces_one_of_the_same_key_and_effect():
         foreign, {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]}
     again = labels.taint_plan(plan["taints"], "nvidia.com/gpu", "true", "NoSchedule")
     assert again == {"tainted": True, "taints": plan["taints"]}
+
+
+def test_a_swarm_node_gets_the_same_labels_through_docker_node_update():
+    from gpuprov.stages.gpu_node_labels import swarm_plan
+
+    expected = {"gputype": "h100", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.present": "true"}
+    current = {"gputype": "p100", "nvidia.com/gpu.family": "pascal", "team": "ml"}
+    plan = swarm_plan(current, expected)
+    assert plan["args"] == ["--label-add", "gputype=h100",
+                            "--label-add", "nvidia.com/gpu.count=8",
+                            "--label-rm", "nvidia.com/gpu.family",
+                            "--label-add", "nvidia.com/gpu.present=true"]
+    assert plan["removed"] == ["nvidia.com/gpu.family"]  # the admin's "team" is not gpuprov's
+    assert swarm_plan({**expected, "team": "ml"}, expected)["args"] == []

@@ -205,3 +205,61 @@ def test_cdi_mode_on_containerd_2_is_not_the_default_runtime(toolkit):
     state["version"]["output"] = "containerd github.com/containerd/containerd 1.6.20"
     problem = toolkit.gpuprov_toolkit_work(state, plan, [], apt_sources=SOURCES)["runtime_problem"]
     assert "containerd 1.6 cannot inject CDI devices" in problem
+
+
+# Docker hosts: what `dockerd --version` says on Debian 12 and 13 (docker.io), and NVML's GPUs.
+DOCKER_20 = "Docker version 20.10.24+dfsg1, build 297e128"
+DOCKER_26 = "Docker version 26.1.5+dfsg1, build a72d7cd"
+NVML = {"gpus": [{"index": 0, "uuid": "GPU-aaaa"}, {"index": 1, "uuid": "GPU-bbbb"},
+                 {"index": 2, "uuid": "GPU-cccc", "error": "GPU is lost"}]}
+
+
+def _docker_work(toolkit, version: str, daemon_json: str | None = None, **overrides) -> dict:
+    plan = toolkit.gpuprov_toolkit_plan(_settings(runtime="docker", **overrides))
+    state = {"version": {"rc": 0, "output": version},
+             "contents": {"/etc/docker/daemon.json": daemon_json}, "unreadable": []}
+    return plan, toolkit.gpuprov_toolkit_work(state, plan, [], apt_sources=SOURCES, nvml=NVML)
+
+
+def test_a_docker_host_keeps_runc_as_default_and_hears_the_variable_for_gpus(toolkit):
+    """Docker's --gpus hands NVIDIA's hook the request only by NVIDIA_VISIBLE_DEVICES, so the
+    toolkit must honour it; nvidia not being Docker's default keeps it from other containers."""
+    plan, work = _docker_work(toolkit, DOCKER_20, '{"log-driver": "journald"}\n')
+    assert plan["gpu_access"]["accept-nvidia-visible-devices-envvar-when-unprivileged"] is True
+    assert "swarm-resource" not in plan["gpu_access"]
+    assert work["mode"] == "legacy" and work["set_default"] is False
+    daemon = yaml.safe_load(work["docker"]["text"])
+    assert daemon == {"log-driver": "journald",
+                      "runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime",
+                                              "args": []}}}
+
+
+def test_docker_26_gets_the_cdi_feature(toolkit):
+    _, work = _docker_work(toolkit, DOCKER_26)
+    assert work["mode"] == "cdi"
+    assert yaml.safe_load(work["docker"]["text"])["features"] == {"cdi": True}
+
+
+def test_a_swarm_gpu_node_advertises_its_healthy_gpus_and_names_swarms_variable(toolkit):
+    plan, work = _docker_work(toolkit, DOCKER_26, docker_swarm=True)
+    assert plan["gpu_access"]["swarm-resource"] == "DOCKER_RESOURCE_NVIDIA-GPU"
+    assert work["set_default"] is True  # a Swarm service cannot pick a runtime
+    daemon = yaml.safe_load(work["docker"]["text"])
+    assert daemon["node-generic-resources"] == ["NVIDIA-GPU=GPU-aaaa", "NVIDIA-GPU=GPU-bbbb"]
+    assert daemon["default-runtime"] == "nvidia"
+
+
+def test_the_admin_may_ask_for_nvidia_as_dockers_default(toolkit):
+    _, work = _docker_work(toolkit, DOCKER_20, docker_default_runtime=True)
+    assert yaml.safe_load(work["docker"]["text"])["default-runtime"] == "nvidia"
+
+
+def test_a_swarm_kind_swarm_would_split_is_refused_before_any_change(toolkit):
+    plan = toolkit.gpuprov_toolkit_plan(_settings(runtime="docker", docker_swarm=True,
+                                                  swarm_resource_kind="NVIDIA=GPU"))
+    assert "nvidia_container_toolkit_swarm_resource_kind" in plan["problem"]
+
+
+def test_an_unmergeable_daemon_json_fails_the_work_with_one_line(toolkit):
+    with pytest.raises(AnsibleFilterError, match="daemon.json is not valid JSON"):
+        _docker_work(toolkit, DOCKER_20, '{"debug": true,}')
