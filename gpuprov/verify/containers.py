@@ -22,12 +22,15 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import logging
 import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from gpuprov.verify.pods import gpu_uuids
+
+log = logging.getLogger(__name__)
 
 LABEL = "io.gpuprov.verify"
 MAX_ISOLATION = 8
@@ -175,16 +178,26 @@ def _isolation(client: Any, image: str, run_id: str, indices: Sequence[int],
 
 
 @contextlib.contextmanager
-def _removing(client: Any, run_id: str) -> Iterator[None]:
-    """Every container of this run removed on the way out, whatever happened."""
+def _removing(client: Any, run_id: str, node: str = "") -> Iterator[None]:
+    """Every container of this run removed on the way out, whatever happened; what could not
+    be removed is said on stderr with the command that removes it (never silently left)."""
+    label = f"{LABEL}={run_id}"
     try:
         yield
     finally:
-        with contextlib.suppress(Exception):
-            for container in client.containers.list(all=True,
-                                                    filters={"label": f"{LABEL}={run_id}"}):
-                with contextlib.suppress(Exception):
+        left: list[str] = []
+        try:
+            for container in client.containers.list(all=True, filters={"label": label}):
+                try:
                     container.remove(force=True)
+                except Exception:  # the SDK's errors: said below, with the rest
+                    left.append(container.name)
+        except Exception as exc:
+            left.append(f"(could not list them: {_engine_words(exc)})")
+        if left:
+            log.warning("%s: could not remove verify's container(s) %s; remove them with "
+                        "`docker rm -f $(docker ps -aq --filter label=%s)` on the host",
+                        node, ", ".join(left), label)
 
 
 def run_node(target: Any, node: str, gpus: Sequence[Mapping[str, Any]], image: str,
@@ -211,7 +224,7 @@ def run_node(target: Any, node: str, gpus: Sequence[Mapping[str, Any]], image: s
     records: dict[str, tuple[ContainerRecord, ...]] = {}
     uuids = [str(g.get("uuid")) for g in gpus]
     try:
-        with _removing(client, run_id):
+        with _removing(client, run_id, node):
             if "gpu-count" in kinds and gpus:
                 count = [_one(client, image, run_id, f"--gpus {len(gpus)}", SMOKE_COMMAND,
                               timeout, _gpu_request(docker, count=len(gpus)))]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,6 +27,8 @@ from typing import Any
 from gpuprov.nvidia.labels import compute_labels
 from gpuprov.verify.containers import LABEL, _engine_words, docker_client
 from gpuprov.verify.pods import gpu_uuids
+
+log = logging.getLogger(__name__)
 
 DONE_STATES = ("complete", "failed", "rejected", "shutdown", "orphaned")
 
@@ -77,14 +80,26 @@ def _assigned(task: Mapping[str, Any], kind: str) -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def _removing(client: Any, run_id: str) -> Iterator[None]:
+def _removing(client: Any, run_id: str, manager: str) -> Iterator[None]:
+    """Every service of this run removed on the way out; what could not be is said on stderr
+    with the command that removes it."""
+    label = f"{LABEL}={run_id}"
     try:
         yield
     finally:
-        with contextlib.suppress(Exception):
-            for service in client.services.list(filters={"label": f"{LABEL}={run_id}"}):
-                with contextlib.suppress(Exception):
+        left: list[str] = []
+        try:
+            for service in client.services.list(filters={"label": label}):
+                try:
                     service.remove()
+                except Exception:  # the SDK's errors: said below
+                    left.append(service.name)
+        except Exception as exc:
+            left.append(f"(could not list them: {_engine_words(exc)})")
+        if left:
+            log.warning("could not remove verify's Swarm service(s) %s; remove them with "
+                        "`docker service rm $(docker service ls -q --filter label=%s)` on %s",
+                        ", ".join(left), label, manager)
 
 
 def _service(client: Any, node_clients: Mapping[str, Any], image: str, run_id: str,
@@ -153,7 +168,7 @@ def collect(members: Sequence[Any], runs: Mapping[str, Any], image: str, timeout
     placed: dict[str, ServiceRecord] = {}
     series_nodes: dict[str, list[str]] = {}
     try:
-        with _removing(client, run_id):
+        with _removing(client, run_id, manager.node.name):
             for result in members:
                 node_id = ids.get(result.node.name)
                 if node_id:
