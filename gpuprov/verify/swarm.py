@@ -80,25 +80,41 @@ def _assigned(task: Mapping[str, Any], kind: str) -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def _removing(client: Any, run_id: str, manager: str) -> Iterator[None]:
-    """Every service of this run removed on the way out; what could not be is said on stderr
-    with the command that removes it."""
+def _removing(client: Any, run_id: str, manager: str,
+              node_clients: Mapping[str, Any]) -> Iterator[None]:
+    """Every service of this run removed on the way out, and its tasks' containers with it:
+    Swarm keeps a finished task's container as task history (task-history-limit) and its
+    agents remove them only some time after the service is gone, so they are removed here
+    from each node's engine (by the service's label). What could not be removed is said on
+    stderr with the command that removes it."""
     label = f"{LABEL}={run_id}"
     try:
         yield
     finally:
         left: list[str] = []
+        removed: list[str] = []
         try:
             for service in client.services.list(filters={"label": label}):
                 try:
                     service.remove()
+                    removed.append(service.id)
                 except Exception:  # the SDK's errors: said below
                     left.append(service.name)
         except Exception as exc:
             left.append(f"(could not list them: {_engine_words(exc)})")
+        for node_client in node_clients.values():
+            for service_id in removed:
+                try:
+                    owned = {"label": f"com.docker.swarm.service.id={service_id}"}
+                    for container in node_client.containers.list(all=True, filters=owned):
+                        container.remove(force=True)
+                except Exception as exc:
+                    left.append(f"a container of service {service_id[:12]} "
+                                f"({_engine_words(exc)})")
         if left:
-            log.warning("could not remove verify's Swarm service(s) %s; remove them with "
-                        "`docker service rm $(docker service ls -q --filter label=%s)` on %s",
+            log.warning("could not remove verify's Swarm service(s) or their containers: %s; "
+                        "remove them with `docker service rm $(docker service ls -q --filter "
+                        "label=%s)` on %s and `docker rm -f` on the nodes",
                         ", ".join(left), label, manager)
 
 
@@ -168,7 +184,7 @@ def collect(members: Sequence[Any], runs: Mapping[str, Any], image: str, timeout
     placed: dict[str, ServiceRecord] = {}
     series_nodes: dict[str, list[str]] = {}
     try:
-        with _removing(client, run_id, manager.node.name):
+        with _removing(client, run_id, manager.node.name, node_clients):
             for result in members:
                 node_id = ids.get(result.node.name)
                 if node_id:
