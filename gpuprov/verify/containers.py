@@ -185,13 +185,19 @@ def _removing(client: Any, run_id: str, node: str = "") -> Iterator[None]:
     try:
         yield
     finally:
+        from docker.errors import NotFound
+
         left: list[str] = []
         try:
-            for container in client.containers.list(all=True, filters={"label": label}):
+            # sparse: no inspect per container, which races with a container going away.
+            for container in client.containers.list(all=True, filters={"label": label},
+                                                    sparse=True):
                 try:
                     container.remove(force=True)
+                except NotFound:
+                    pass  # gone already
                 except Exception:  # the SDK's errors: said below, with the rest
-                    left.append(container.name)
+                    left.append(container.short_id)
         except Exception as exc:
             left.append(f"(could not list them: {_engine_words(exc)})")
         if left:

@@ -102,12 +102,16 @@ def _removing(client: Any, run_id: str, manager: str,
                     left.append(service.name)
         except Exception as exc:
             left.append(f"(could not list them: {_engine_words(exc)})")
+        from docker.errors import NotFound
+
         for node_client in node_clients.values():
             for service_id in removed:
                 try:
                     owned = {"label": f"com.docker.swarm.service.id={service_id}"}
-                    for container in node_client.containers.list(all=True, filters=owned):
-                        container.remove(force=True)
+                    for container in node_client.containers.list(all=True, filters=owned,
+                                                                sparse=True):
+                        with contextlib.suppress(NotFound):  # Swarm's agent was quicker
+                            container.remove(force=True)
                 except Exception as exc:
                     left.append(f"a container of service {service_id[:12]} "
                                 f"({_engine_words(exc)})")
