@@ -32,9 +32,23 @@ def docker_lab(tmp_path_factory):
     yield from temporary_lab(tmp_path_factory, "dockerlab", "--nodes", ",".join(DOCKER_LAB))
 
 
+# What a run could change on a Docker host, read over SSH.
+_HOST_STATE = ("cat /etc/docker/daemon.json 2>/dev/null; dpkg-query -W -f '${Package}\\n' "
+               "| grep -c nvidia; ls /etc/nvidia-container-runtime 2>/dev/null; true")
+
+
 @pytest.fixture(scope="module")
-def site_runs(docker_lab):
-    """site.yml twice on the bare Docker hosts: (first, second) as (rc, document)."""
+def bare_check(docker_lab):
+    """`site.yml --check --diff` on the bare Docker hosts, with what they held before and after."""
+    before = {h: _on(docker_lab, h, _HOST_STATE) for h in HOSTS}
+    rc, doc = run_playbook(docker_lab, "site.yml", "--check", "--diff")
+    return rc, doc, before, {h: _on(docker_lab, h, _HOST_STATE) for h in HOSTS}
+
+
+@pytest.fixture(scope="module")
+def site_runs(docker_lab, bare_check):
+    """site.yml twice on the bare Docker hosts (after the check-mode run): (first, second) as
+    (rc, document)."""
     first = run_playbook(docker_lab, "site.yml")
     second = run_playbook(docker_lab, "site.yml")
     return first, second
@@ -56,6 +70,16 @@ def _results(doc: dict, family: str) -> dict[tuple[str, str], dict]:
 def _on(lab, node: str, command: str) -> str:
     with connect(node_target(lab, node)) as conn:
         return conn.run(command, hide=True, in_stream=False).stdout
+
+
+def test_check_mode_on_the_bare_hosts_changes_nothing_and_shows_the_daemon_json(bare_check):
+    rc, doc, before, after = bare_check
+    assert rc == 0, playbook_failures(doc)
+    assert after == before
+    diffs = [d for play in doc["plays"] for task in play["tasks"]
+             if task["task"]["name"].endswith("Write Docker's daemon config")
+             for result in task["hosts"].values() for d in result.get("diff") or []]
+    assert len(diffs) == len(HOSTS) and all('"nvidia"' in d["after"] for d in diffs)
 
 
 def test_site_yml_converges_on_the_docker_hosts_without_kubernetes(site_runs):
