@@ -1,7 +1,7 @@
 """Ship the probe to a node that has only python3, and run it there in one SSH round trip.
 
-Like Ansible's AnsiballZ: the probe's modules (gpuprov/__init__.py, gpuprov/hardware.py,
-gpuprov/probe/*.py) and pynvml's single module (from the installed nvidia-ml-py) are
+Like Ansible's AnsiballZ: what runs on a node (the gpuprov/node/ folder, with the NVIDIA facts it
+imports from gpuprov/nvidia/) and pynvml's single module (from the installed nvidia-ml-py) are
 packed into a small Python script that is sent on stdin to ``python3 -I -``. The script
 imports the modules from memory, so nothing is written on the node, and prints the
 probe's JSON report on stdout.
@@ -34,6 +34,7 @@ import json
 import logging
 import marshal
 import os
+import re
 import sys
 import tempfile
 import time
@@ -140,29 +141,53 @@ class ProbeUnreachable(ProbeError):
 
 
 # The programs a payload can run on a node: the probe (reads only), and the MIG stage's
-# applier (gpuprov/mig_apply.py, which changes the GPUs' MIG layout; the gpu_mig role's).
-ENTRIES = {"probe": "gpuprov.probe.__main__", "mig-apply": "gpuprov.mig_apply"}
+# applier (gpuprov/node/mig_apply.py, which changes the GPUs' MIG layout; the gpu_mig role's).
+ENTRIES = {"probe": "gpuprov.node.probe.__main__", "mig-apply": "gpuprov.node.mig_apply"}
 
 
 def payload_files(entry: str = "probe") -> dict[str, Path]:
-    """Archive name -> source file: everything the entry imports besides the stdlib."""
+    """Archive name -> source file: everything under gpuprov/node/ (the folder is what runs on
+    a node), the modules of gpuprov/nvidia/ that it imports, the packages' __init__.py files
+    and pynvml. The same files for every entry: the entry only picks the module that runs."""
+    if entry not in ENTRIES:
+        raise ValueError(f"no payload entry {entry!r} (one of {', '.join(ENTRIES)})")
     # Found, not imported: the controller never calls NVML, and importing pynvml costs as much
     # CPU as probing two nodes. ImportError where it is missing, as the import would raise.
     spec = importlib.util.find_spec("pynvml")
     if spec is None or not spec.origin:
         raise ImportError("No module named 'pynvml' (install nvidia-ml-py)", name="pynvml")
     package = Path(gpuprov.__file__).parent
-    files = {
-        "gpuprov/__init__.py": package / "__init__.py",
-        "gpuprov/hardware.py": package / "hardware.py",
-        "pynvml.py": Path(spec.origin),
-    }
-    if entry == "mig-apply":
-        files["gpuprov/mig_apply.py"] = package / "mig_apply.py"
-        return files
-    for path in sorted((package / "probe").glob("*.py")):
-        files[f"gpuprov/probe/{path.name}"] = path
+    node = sorted((package / "node").rglob("*.py"))
+    files = {"gpuprov/__init__.py": package / "__init__.py"}
+    files.update({f"gpuprov/{path.relative_to(package).as_posix()}": path for path in node})
+    facts = nvidia_imports(node)
+    if facts:
+        files["gpuprov/nvidia/__init__.py"] = package / "nvidia" / "__init__.py"
+    files.update({f"gpuprov/nvidia/{name}.py": package / "nvidia" / f"{name}.py"
+                  for name in sorted(facts)})
+    files["pynvml.py"] = Path(spec.origin)
     return files
+
+
+# How node code imports NVIDIA's facts: `from ...nvidia import hardware` (relative, so that it
+# works as ansible.module_utils.gpuprov too). Read with a pattern, not ast: parsing the folder
+# costs 20 ms per process, ten times the cached script's read; tests/unit/test_package_layout.py
+# checks that the pattern finds what ast finds.
+_NVIDIA_IMPORT = re.compile(rb"^[ \t]*from[ \t]+(?:\.+|gpuprov\.)nvidia[ \t]+import[ \t]+"
+                            rb"([\w, \t]+?)[ \t]*(?:#.*)?$", re.M)
+
+
+def nvidia_imports(paths: list[Path]) -> set[str]:
+    """The gpuprov/nvidia/ modules these files import, and those they import in turn."""
+    found: set[str] = set()
+    todo = list(paths)
+    while todo:
+        for match in _NVIDIA_IMPORT.finditer(todo.pop().read_bytes()):
+            for name in match.group(1).decode().replace(" ", "").replace("\t", "").split(","):
+                if name and name not in found:
+                    found.add(name)
+                    todo.append(Path(gpuprov.__file__).parent / "nvidia" / f"{name}.py")
+    return found
 
 
 # Version 2: from version 3 on, marshal writes whether each string is interned and marks
@@ -383,6 +408,6 @@ def run_probe(connection: Any, timeout: float = 60.0) -> dict:
 
 def run_probe_local(root: str = "/") -> dict:
     """The probe, in this process (for `gpuprov probe` and verify's local connection)."""
-    from gpuprov.probe.report import collect
+    from gpuprov.node.probe.report import collect
 
     return collect(root=root)

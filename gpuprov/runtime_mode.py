@@ -17,8 +17,13 @@ its `nvidia.com/device-plugin.config` label) and `gpuprov verify` (what runtime.
 
 Which runtimes can do CDI: containerd from 1.7 (`enable_cdi`, off by default in 1.7, on by
 default from 2.0: `containerd config default` of Debian's 1.7.24 and 2.1.9; 1.6 has no CDI),
-CRI-O (CDI always on since 1.23, older releases are out of support). Docker: legacy only
-here (Kubernetes does not run on Docker directly, and gpuprov's pod checks need a CRI).
+CRI-O (CDI always on since 1.23, older releases are out of support), Docker from 25.0 (the
+`cdi` feature in daemon.json; on by default only from 28: moby daemon/command/daemon.go
+`cdiEnabled`, which takes an absent key as on, while 25-27 took it as off, so the role sets it).
+Docker's `--gpus` still goes through NVIDIA's hook on 25-27 (moby
+daemon/devices_nvidia_linux.go: the hook's driver, and CDI's only where nvidia-cdi-hook is on
+PATH in later releases), so a Docker host in cdi mode serves both `--gpus` and
+`--device nvidia.com/gpu=<index|uuid>`.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ CDI_KIND = "nvidia.com/gpu"
 CDI_SPEC_DIR = posixpath.dirname(CDI_SPEC)
 CONTAINERD_CDI_SINCE = (1, 7)
 CONTAINERD_CDI_DEFAULT_ON = (2, 0)
+DOCKER_CDI_SINCE = (25, 0)
 
 
 # The packages each runtime comes in (the probe's packages.runtime).
@@ -75,6 +81,8 @@ def cdi_capable(runtime: str, version: tuple[int, int] | None) -> bool | None:
         return True
     if runtime == "containerd":
         return None if version is None else version >= CONTAINERD_CDI_SINCE
+    if runtime == "docker":
+        return None if version is None else version >= DOCKER_CDI_SINCE
     return False
 
 
@@ -97,18 +105,22 @@ def choose(setting: object, runtime: str, version_text: object = None) -> Choice
     if setting == LEGACY:
         return Choice(LEGACY, "nvidia_container_toolkit_mode is legacy")
     if capable:
-        why = "CRI-O injects CDI devices" if runtime == "crio" else \
-            f"{named} injects CDI devices (containerd >= 1.7)"
+        why = {"crio": "CRI-O injects CDI devices",
+               "docker": f"{named} injects CDI devices (Docker >= 25, features.cdi)"}.get(
+            runtime, f"{named} injects CDI devices (containerd >= 1.7)")
         return Choice(CDI, why if setting == AUTO else "nvidia_container_toolkit_mode is cdi")
     if capable is None:
         if setting == CDI:
+            need = "Docker >= 25" if runtime == "docker" else "containerd >= 1.7"
             return Choice(None, "", f"nvidia_container_toolkit_mode is cdi, but {runtime}'s "
-                                    "version is unknown (containerd >= 1.7 is needed): check "
-                                    "`containerd --version` on the node")
+                                    f"version is unknown ({need} is needed): check "
+                                    f"`{'dockerd' if runtime == 'docker' else runtime} "
+                                    "--version` on the node")
         return Choice(LEGACY, f"{named}: version unknown, so not CDI")
     if setting == CDI:
-        need = "containerd >= 1.7 (Debian 13 has 1.7.24), or CRI-O" \
-            if runtime == "containerd" else "containerd >= 1.7 or CRI-O"
+        need = {"containerd": "containerd >= 1.7 (Debian 13 has 1.7.24), or CRI-O",
+                "docker": "Docker >= 25 (Debian 13's docker.io is 26.1)"}.get(
+            runtime, "containerd >= 1.7 or CRI-O")
         return Choice(None, "", f"nvidia_container_toolkit_mode is cdi, but {named} cannot "
                                 f"inject CDI devices: it needs {need}; set "
                                 "nvidia_container_toolkit_mode to auto or legacy for this node")
@@ -116,7 +128,7 @@ def choose(setting: object, runtime: str, version_text: object = None) -> Choice
 
 
 def spec_problem(record: dict | None, gpus: list, driver_version: str | None) -> str | None:
-    """What is wrong with the toolkit's CDI spec (gpuprov.probe.runtime.cdi_record's record of
+    """What is wrong with the toolkit's CDI spec (gpuprov.node.probe.runtime.cdi_record's record of
     /var/run/cdi/nvidia.yaml; None: no such file) for a node whose NVML shows `gpus`
     ([{index, uuid}]) and `driver_version`; None when it names every GPU by index and by UUID
     and was generated for the installed driver."""

@@ -7,7 +7,7 @@ GPU and driver, it records NVML's raw answers and compares the probe with `nvidi
                               of tests/fixtures/probe/fake_pynvml.py (so a unit test can replay
                               them), plus the calls the health agent and MIG stage rely on
                               ("extras"), with model, driver and date
-        DIR/probe.json        the probe report (python3 -m gpuprov.probe), real pynvml
+        DIR/probe.json        the probe report (python3 -m gpuprov.node.probe), real pynvml
         DIR/nvidia-smi.xml    nvidia-smi -q -x, the same moment
         and prints the comparison (exit 1 where a value differs)
     scripts/nvml_truth.py compare PROBE_JSON SMI_XML
@@ -114,7 +114,7 @@ def _record_ecc_and_retired(rec: Recorder, handle: Any, gpu: dict) -> None:
 
 
 def record_gpu(rec: Recorder, index: int) -> dict:
-    """One GPU in fake_pynvml's spec format: the calls gpuprov/probe/nvml.py makes."""
+    """One GPU in fake_pynvml's spec format: the calls gpuprov/node/probe/nvml.py makes."""
     nv = rec.nv
     handle, error = rec.call("nvmlDeviceGetHandleByIndex", index)
     if error is not None:
@@ -211,7 +211,7 @@ def record_extras(rec: Recorder, handle: Any, nv: Any) -> dict:
     extras["nvmlDeviceGetNvLinkState"] = {
         str(link): rec.answer("nvmlDeviceGetNvLinkState", handle, link) for link in range(18)}
     # MIG's GPU instance profiles (what `nvidia-smi mig -lgip` lists), by profile id: the
-    # facts gpuprov/mig.py keeps per model.
+    # facts gpuprov/nvidia/mig.py keeps per model.
     extras["nvmlDeviceGetGpuInstanceProfileInfo"] = {
         str(p): rec.answer("nvmlDeviceGetGpuInstanceProfileInfo", handle, p) for p in range(16)}
     return extras
@@ -472,7 +472,7 @@ def print_rows(rows: list[dict]) -> None:
 def _record(out: Path) -> int:
     import pynvml
 
-    from gpuprov.probe.report import collect
+    from gpuprov.node.probe.report import collect
 
     out.mkdir(parents=True, exist_ok=True)
     spec = record_nvml(pynvml)

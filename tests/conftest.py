@@ -27,7 +27,8 @@ def repo_root() -> Path:
 # its tests in order, so the three labs run side by side from the start while the unit tests,
 # one unit per module, spread over whatever worker is free.
 OWN_LAB_MODULES = {"test_driver_source_switch.py": "switchlab",
-                   "test_upgrade_driver.py": "upgradelab"}
+                   "test_upgrade_driver.py": "upgradelab",
+                   "test_docker_lab.py": "dockerlab"}
 
 
 def scheduling_unit(nodeid: str) -> str:
@@ -105,11 +106,16 @@ def tool():
     return lambda name: str(Path(sys.executable).parent / name)
 
 
+# The filter and lookup plugins import their shared code as the collection's
+# (ansible_collections.gpuprov.cluster.plugins.plugin_utils), which ansible-playbook finds through
+# ansible.cfg's collections_path; in this process the same folder is a namespace package root.
+sys.path.append(str(REPO / "collections"))
+
+
 @pytest.fixture(scope="session")
 def ansible_plugin():
-    """Load one of the repo's Ansible plugins (plugins/<kind>/<name>.py) as a module: they are
-    files Ansible loads by path, not a package (plugins/filter/gpuprov.py would shadow the
-    gpuprov package on sys.path)."""
+    """Load one of the repo's Ansible plugins (plugins/<kind>/<name>.py) as a module, by path as
+    Ansible loads them from ansible.cfg's plugin paths."""
 
     def load(relative: str) -> ModuleType:
         path = REPO / "plugins" / relative

@@ -5,7 +5,7 @@ classify exit codes: 0 every ID is a supported GPU; 1 (CHECK_FAILED) some ID is 
 legacy, the answer being "gpuprov cannot provision it"; 2 (USAGE) some ID is malformed or not
 NVIDIA's. Every ID is classified and printed before the exit code is decided.
 
-choose answers with gpu_preflight's own decision (gpuprov.driver_branches.choose_branch:
+choose answers with gpu_preflight's own decision (gpuprov.nvidia.driver_branches.choose_branch:
 one decision, two callers): exit 0 a branch drives every GPU, 1 none can (the reason says
 why and what to do), 2 bad input (an OS name not like debian-12, a malformed ID, a pin that
 is not a number, an unknown source).
@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpuprov import driver_branches, hardware
 from gpuprov.errors import ExitCode, GpuprovError
+from gpuprov.nvidia import driver_branches, hardware
 from gpuprov.output import print_json, render_table
 
 HEADERS = ("PCI ID", "NAME", "ARCHITECTURE", "CC", "BRANCHES", "RECOMMENDED", "OPEN MODULES",

@@ -28,10 +28,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     up = sub.add_parser("up", help="build the node image if needed and start the lab")
     up.add_argument(
-        "--nodes", metavar="[NAME=]PROFILE[@OS],...",
+        "--nodes", metavar="[NAME=]PROFILE[@OS][+docker],...",
         help="node profiles, each optionally named and on another OS than its profile's, e.g. "
         "gpu-pascal@debian-13 (default: gpu-kepler,gpu-pascal,gpu-hopper,cpu-only; OS: "
         "debian-12 or debian-13)",
+    )
+    up.add_argument(
+        "--with-docker", action="store_true",
+        help="add two Docker hosts in a swarm (Debian's docker.io: docker-12 with Docker 20.10, "
+        "docker-13 with Docker 26), in the inventory groups docker_hosts and docker_swarm; "
+        "--nodes may name Docker hosts itself with PROFILE[@OS]+docker",
     )
     up.set_defaults(func=_up)
 
@@ -62,10 +68,10 @@ def _up(args: argparse.Namespace) -> int:
     started = time.monotonic()
     specs = [s for s in args.nodes.split(",")] if args.nodes is not None else None
     lab = _lab(args)
-    state = lab.up(specs)
+    state = lab.up(specs, with_docker=args.with_docker)
     print(render_table(
-        ["NODE", "PROFILE", "OS", "SSH"],
-        [(n.name, n.profile, n.os, f"127.0.0.1:{n.ssh_port}") for n in state.nodes],
+        ["NODE", "PROFILE", "OS", "ENGINE", "SSH"],
+        [(n.name, n.profile, n.os, n.engine, f"127.0.0.1:{n.ssh_port}") for n in state.nodes],
     ))
     print(f"lab up in {time.monotonic() - started:.1f} s; inventory: {lab.inventory_path}",
           file=sys.stderr)

@@ -4,6 +4,7 @@ Each is tagged with a hash of its inputs so that a change rebuilds only what it 
 unchanged tree reuses podman's storage as the cache:
 - base: `debootstrap --variant=minbase SUITE` from Debian's own archive, imported (per OS);
 - node: image/Containerfile on top (systemd, sshd, python3, containerd, simulation hooks);
+- docker: image/docker/Containerfile on a node image (Debian's docker.io: Docker hosts);
 - pod: image/pod/Containerfile from the Debian 12 base (sh, sleep, python3; pruned): what the
   lab's pods run in the nodes' containerd, saved once as an archive the nodes import.
 
@@ -65,6 +66,8 @@ NODE_REPO = "localhost/gpuprov-node"
 BASE_REPO = "localhost/gpuprov-base"
 POD_REPO = "localhost/gpuprov-pod"
 POD_DIR = IMAGE_DIR / "pod"
+DOCKER_REPO = "localhost/gpuprov-docker"
+DOCKER_DIR = IMAGE_DIR / "docker"
 
 
 def _digest(*parts: bytes) -> str:
@@ -93,6 +96,11 @@ def node_ref(os_name: str = DEFAULT_OS) -> str:
     inputs = (p.name.encode() + p.read_bytes() for p in files)
     build_args = (f"{k}={v}".encode() for k, v in sorted(node_os(os_name).build_args.items()))
     return f"{NODE_REPO}:{_digest(base_ref(os_name).encode(), *build_args, *inputs)}"
+
+
+def docker_ref(os_name: str = DEFAULT_OS) -> str:
+    inputs = (p.name.encode() + p.read_bytes() for p in sorted(DOCKER_DIR.iterdir()))
+    return f"{DOCKER_REPO}:{_digest(node_ref(os_name).encode(), *inputs)}"
 
 
 def pod_ref() -> str:
@@ -181,3 +189,20 @@ def _ensure_node_image(os_name: str) -> str:
             str(IMAGE_DIR), timeout=900,
         )
     return ref
+
+
+def ensure_docker_image(os_name: str = DEFAULT_OS) -> str:
+    """The Docker host image for os_name (image/docker/Containerfile on the node image),
+    building what is missing."""
+    with _building():
+        node = _ensure_node_image(os_name)
+        ref = docker_ref(os_name)
+        if not podman.image_exists(ref):
+            log.warning("building the lab's %s Docker host image %s (about 30 s, once)",
+                        os_name, ref)
+            podman.podman(
+                "build", "--network", "host", "--build-arg", f"NODE={node}",
+                "--build-arg", f"SUITE={node_os(os_name).suite}", "-t", ref,
+                "-f", str(DOCKER_DIR / "Containerfile"), str(DOCKER_DIR), timeout=900,
+            )
+        return ref

@@ -98,6 +98,14 @@ LAB_DRIVER_SETTINGS: dict[str, dict[str, str]] = {
 }
 
 
+CONTAINERD, DOCKER = "containerd", "docker"
+# `lab up --with-docker`: the Docker hosts added to the lab, one per Docker generation the
+# roles tell apart: Debian 12's docker.io 20.10 (GPUs through NVIDIA's hook: `--gpus`) and
+# Debian 13's 26.1 (CDI as well). Different GPU series, so that a Swarm service placed by
+# gputype has one right node. Together they form the lab's swarm (the first one manages it).
+DOCKER_LAB = ["docker-12=gpu-pascal@debian-12+docker", "docker-13=gpu-hopper@debian-13+docker"]
+
+
 @dataclass
 class Node:
     name: str
@@ -106,10 +114,17 @@ class Node:
     ssh_port: int = 0
     os: str = image.DEFAULT_OS
     image: str = ""
+    # containerd: a Kubernetes node (the emulated kubelet drives its containerd); docker: a
+    # host with Debian's docker.io and no Kubernetes (groups docker_hosts, docker_swarm).
+    engine: str = CONTAINERD
 
     @property
     def has_gpu(self) -> bool:
         return bool(profiles.NODE_PROFILES[self.profile].gpus)
+
+    @property
+    def docker(self) -> bool:
+        return self.engine == DOCKER
 
 
 @dataclass
@@ -188,21 +203,24 @@ class Lab:
         tmp.replace(self.dir / STATE_FILE)
 
     # -- up ------------------------------------------------------------------------------
-    def up(self, node_specs: list[str] | None = None) -> LabState:
+    def up(self, node_specs: list[str] | None = None, with_docker: bool = False) -> LabState:
         needs.check()  # every missing piece in one line, before anything is started
         existing = self.load()
-        wanted = plan_nodes(node_specs or profiles.DEFAULT_LAB)
+        asked = bool(node_specs) or with_docker
+        wanted = plan_nodes((node_specs or profiles.DEFAULT_LAB)
+                            + (DOCKER_LAB if with_docker else []))
         if existing is not None:
-            have = [(n.name, n.profile, n.os) for n in existing.nodes]
-            if node_specs and have != wanted:
+            have = [(n.name, n.profile, n.os, n.engine) for n in existing.nodes]
+            if asked and have != wanted:
                 raise GpuprovError(
                     "a lab with other nodes is already up ("
-                    + ", ".join(n for n, _, _ in have)
+                    + ", ".join(n[0] for n in have)
                     + "): run `gpuprov lab down` first"
                 )
             wanted = have
-        refs = {os_name: image.ensure_node_image(os_name)
-                for os_name in dict.fromkeys(o for _, _, o in wanted)}
+        refs = {(os_name, engine): (image.ensure_docker_image(os_name) if engine == DOCKER
+                                    else image.ensure_node_image(os_name))
+                for os_name, engine in dict.fromkeys((o, e) for _, _, o, e in wanted)}
         pod_ref, pod_archive = image.ensure_pod_archive(POD_IMAGE_CACHE)
         self._ensure_ssh_key()
         library = simhw.build_nvml_library(self.dir / "nvml")
@@ -210,8 +228,9 @@ class Lab:
         cuda = cudarepo.build_repo(self.dir / "cudarepo")
         state = LabState(
             self.lab_id,
-            [Node(name, prof, f"gpuprov-{self.lab_id}-{name}", os=os_name, image=refs[os_name])
-             for name, prof, os_name in wanted],
+            [Node(name, prof, f"gpuprov-{self.lab_id}-{name}", os=os_name,
+                  image=refs[os_name, engine], engine=engine)
+             for name, prof, os_name, engine in wanted],
             pod_ref,
         )
         self._save(state)  # before starting anything: `lab down` can clean a half-made lab
@@ -232,6 +251,7 @@ class Lab:
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(state.nodes)) as pool:
             list(pool.map(self._wait_for_ssh, state.nodes))
         self._write_inventory(state)
+        self._ensure_swarm([n for n in state.nodes if n.docker])
         try:
             url = kube.start_background(self.kube_dir, lab_dir=self.dir)
         except RuntimeError as exc:
@@ -297,6 +317,11 @@ class Lab:
         # containerd's root on the host's filesystem: its overlayfs snapshotter cannot mount
         # layers on top of the node container's own overlay root.
         args += ["--volume", f"{containerd_root}:/var/lib/containerd"]
+        if node.docker:
+            # The same for Docker's overlay2 storage.
+            docker_root = ndir / "docker"
+            docker_root.mkdir()
+            args += ["--volume", f"{docker_root}:/var/lib/docker"]
         podman.podman(*args, node.image, "/sbin/init")
 
     def _write_known_hosts(self, state: LabState) -> None:
@@ -336,7 +361,24 @@ class Lab:
             return {"ansible_port": node.ssh_port, **driver}
 
         def hosts(gpu: bool) -> dict:
-            return {n.name: host_vars(n) for n in state.nodes if n.has_gpu is gpu}
+            return {n.name: host_vars(n) for n in state.nodes
+                    if n.has_gpu is gpu and not n.docker}
+
+        docker = {n.name: host_vars(n) for n in state.nodes if n.docker}
+        groups: dict = {
+            "k8s_cluster": {
+                "children": {
+                    "gpu_nodes": {"hosts": hosts(True)},
+                    "cpu_nodes": {"hosts": hosts(False)},
+                }
+            }
+        }
+        if docker:
+            # Docker hosts, all of them in the lab's swarm (_ensure_swarm). The admin's choice
+            # of runtime for the toolkit role: Docker, where the default is containerd.
+            groups["docker_hosts"] = {"hosts": docker,
+                                      "vars": {"nvidia_container_toolkit_runtime": "docker"}}
+            groups["docker_swarm"] = {"hosts": {name: {} for name in docker}}
 
         doc = {
             "all": {
@@ -358,14 +400,7 @@ class Lab:
                     "nvidia_device_plugin_smoke_image": state.pod_image,
                     **LAB_OVERRIDES,
                 },
-                "children": {
-                    "k8s_cluster": {
-                        "children": {
-                            "gpu_nodes": {"hosts": hosts(True)},
-                            "cpu_nodes": {"hosts": hosts(False)},
-                        }
-                    }
-                },
+                "children": groups,
             }
         }
         self.inventory_path.parent.mkdir(parents=True, exist_ok=True)
@@ -374,6 +409,33 @@ class Lab:
             "# removed by `lab down`. Not tracked by git.\n"
         )
         self.inventory_path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
+
+    def _ensure_swarm(self, nodes: list[Node]) -> None:
+        """A real swarm across the Docker hosts, as their admin makes it before gpuprov runs
+        (gpuprov does not create the swarm, as it does not create the Kubernetes cluster): the
+        first node inits it and manages it, the others join as workers. Their traffic goes over
+        the lab's podman network, node to node; nothing here talks to it but the nodes."""
+        if not nodes:
+            return
+        manager, workers = nodes[0], nodes[1:]
+        for node in nodes:  # docker.service is active once the pod image is loaded too
+            self._ssh(node, "timeout 180 sh -c 'until systemctl is-active --quiet docker; do "
+                            "sleep 0.5; done'")
+        if self._ssh(manager, "docker info --format '{{.Swarm.LocalNodeState}}'") != "active":
+            self._ssh(manager, "docker swarm init --advertise-addr eth0 >/dev/null")
+        address = self._ssh(manager, "docker info --format '{{.Swarm.NodeAddr}}'")
+        token = self._ssh(manager, "docker swarm join-token --quiet worker")
+        for node in workers:
+            if self._ssh(node, "docker info --format '{{.Swarm.LocalNodeState}}'") != "active":
+                self._ssh(node, f"docker swarm join --token {token} {address}:2377 >/dev/null")
+
+    def _ssh(self, node: Node, command: str) -> str:
+        proc = subprocess.run(self.ssh_command(node, command), capture_output=True, text=True,
+                              timeout=120, check=False)
+        if proc.returncode != 0:
+            raise GpuprovError(f"lab node {node.name}: `{command}` failed: "
+                               f"{proc.stderr.strip().splitlines()[-1:] or proc.returncode}")
+        return proc.stdout.strip()
 
     # -- down ----------------------------------------------------------------------------
     def down(self) -> list[str]:
@@ -447,17 +509,22 @@ class Lab:
         return self.status_of(node)["faults"]
 
 
-def plan_nodes(specs: list[str]) -> list[tuple[str, str, str]]:
-    """`[NAME=]PROFILE[@OS]` -> (node name, profile, OS); repeats get -2, -3 ...
+def plan_nodes(specs: list[str]) -> list[tuple[str, str, str, str]]:
+    """`[NAME=]PROFILE[@OS][+docker]` -> (node name, profile, OS, engine); repeats get -2, -3 ...
 
     OS defaults to the profile's own (`gpu-pascal@debian-13`: the same hardware on Debian 13).
+    `+docker`: a Docker host (Debian's docker.io, no Kubernetes) instead of a Kubernetes node.
     """
-    plan: list[tuple[str, str, str]] = []
+    plan: list[tuple[str, str, str, str]] = []
     seen: dict[str, int] = {}
     for spec in specs:
         name, _, prof = spec.strip().partition("=")
         if not prof:
             name, prof = "", name
+        prof, plus, engine = prof.partition("+")
+        if plus and engine != DOCKER:
+            raise GpuprovError(f"lab node {spec!r}: the only engine after '+' is docker "
+                               "(e.g. gpu-pascal@debian-12+docker)")
         prof, _, os_name = prof.partition("@")
         if prof not in profiles.NODE_PROFILES:
             known = ", ".join(sorted(profiles.NODE_PROFILES))
@@ -466,9 +533,9 @@ def plan_nodes(specs: list[str]) -> list[tuple[str, str, str]]:
         if not name:
             seen[prof] = seen.get(prof, 0) + 1
             name = prof if seen[prof] == 1 else f"{prof}-{seen[prof]}"
-        if any(name == n for n, _, _ in plan):
+        if any(name == n[0] for n in plan):
             raise GpuprovError(f"lab node name {name!r} given twice in --nodes")
-        plan.append((name, prof, os_name))
+        plan.append((name, prof, os_name, DOCKER if plus else CONTAINERD))
     if not plan:
         raise GpuprovError("--nodes is empty: give at least one profile, e.g. --nodes gpu-pascal")
     return plan

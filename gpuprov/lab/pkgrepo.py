@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 TOOLKIT_DIR = Path(__file__).parent / "toolkit"
 # The versions the repository serves, as apt spells them: the nvidia_container_toolkit role's
 # pin first (NVIDIA's current release, roles/nvidia_container_toolkit/defaults/main.yml), then
-# 1.17.7, which has known CVEs (gpuprov/toolkit_advisories.py), for the tests that install an
+# 1.17.7, which has known CVEs (gpuprov/nvidia/toolkit_advisories.py), for the tests that install an
 # old, vulnerable toolkit and expect verify to fail and site.yml to move the node to the pin.
 TOOLKIT_VERSIONS = ("1.20.0-1", "1.17.7-1")
 TOOLKIT_VERSION = TOOLKIT_VERSIONS[0]

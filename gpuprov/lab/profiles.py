@@ -3,7 +3,7 @@
 What a simulated GPU reports (NVML name, PCI IDs, memory, limits, thresholds) is taken
 from public `nvidia-smi` output of the real board; each model records its sources.
 Compute capability and architecture are not repeated here: they come from the project's
-hardware table (gpuprov.hardware), like everything else that knows GPUs.
+hardware table (gpuprov.nvidia.hardware), like everything else that knows GPUs.
 
 `expected_gpus(node_name, profile)` is the one definition of what a lab node has: the
 simulated NVML configuration and PCI tree are written from it (lab/simhw.py), and tests
@@ -31,7 +31,7 @@ NVIDIA_VENDOR = 0x10DE
 @dataclass(frozen=True)
 class GpuModel:
     """A simulated board. Its NVML name, architecture and compute capability are the
-    hardware table's (gpuprov.hardware), looked up by PCI ID."""
+    hardware table's (gpuprov.nvidia.hardware), looked up by PCI ID."""
 
     key: str
     pci_device_id: int
@@ -54,12 +54,12 @@ class GpuModel:
 
     @property
     def hardware(self):
-        from gpuprov import hardware  # the one GPU table
+        from gpuprov.nvidia import hardware  # the one GPU table
 
         model = hardware.lookup(self.pci_device_id, self.pci_subsystem_device)
         if model is None:
             raise LookupError(
-                f"gpuprov.hardware has no entry for PCI device 10de:{self.pci_device_id:04x}"
+                f"gpuprov.nvidia.hardware has no entry for PCI device 10de:{self.pci_device_id:04x}"
             )
         return model
 
@@ -73,7 +73,7 @@ class GpuModel:
 
     @property
     def nvml_architecture(self) -> int:
-        from gpuprov.hardware import NVML_ARCHITECTURES
+        from gpuprov.nvidia.hardware import NVML_ARCHITECTURES
 
         return next(v for v, name in NVML_ARCHITECTURES.items() if name == self.architecture)
 

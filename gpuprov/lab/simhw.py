@@ -22,7 +22,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuprov import mig
 from gpuprov.errors import GpuprovError
 from gpuprov.lab import faults as fault_registry
 from gpuprov.lab.cache import CACHE
@@ -33,6 +32,7 @@ from gpuprov.lab.profiles import (
     NodeProfile,
     expected_gpus,
 )
+from gpuprov.nvidia import mig
 
 LIBRARY_NAME = "libnvidia-ml.so.1"
 SOURCE = Path(__file__).parent / "nvml" / "simnvml.c"
@@ -247,7 +247,7 @@ def _nvml_conf(node_name: str, profile: NodeProfile) -> str:
 
 
 def _mig_lines(device_id: int, memory_total: int) -> list[str]:
-    """A MIG-capable model's GPU instance profiles, from gpuprov/mig.py (one table for the
+    """A MIG-capable model's GPU instance profiles, from gpuprov/nvidia/mig.py (one table for the
     MIG stage, verify and this simulation); MIG mode off, as a GPU leaves the factory.
     Instance memory is derived (the GPU's memory over its memory slices, in 128 MiB steps),
     not NVIDIA's figure: SIMULATION.md says so."""

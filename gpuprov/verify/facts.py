@@ -14,7 +14,7 @@ from gpuprov.verify.inventory import Node
 @dataclasses.dataclass(frozen=True)
 class NodeFacts:
     node: Node
-    report: Mapping[str, Any]  # the probe report (gpuprov/probe/__init__.py)
+    report: Mapping[str, Any]  # the probe report (gpuprov/node/probe/__init__.py)
     # Every reachable node's facts, by name: checks that compare nodes (driver.branch).
     fleet: Mapping[str, NodeFacts] = dataclasses.field(default_factory=dict, compare=False)
 
@@ -66,3 +66,35 @@ class PodFacts:
         profile = resource.removeprefix("nvidia.com/mig-")
         return {d["uuid"] for g in gpus for d in (g.get("mig") or {}).get("devices") or []
                 if d.get("uuid") and str(d.get("profile") or "").replace("+", ".") == profile}
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerFacts:
+    """A Docker host's smoke containers (gpuprov.verify.containers.ContainerRun)."""
+
+    node: Node
+    report: Mapping[str, Any] | None
+    run: Any = None  # ContainerRun; None with `skipped`
+    skipped: str | None = None  # why the host got no smoke containers
+    image: str | None = None  # --image, for containers.cuda-compat
+
+    @property
+    def gpu_uuids(self) -> list[str]:
+        gpus = ((self.report or {}).get("nvml") or {}).get("gpus") or []
+        return [str(g["uuid"]) for g in gpus if g.get("uuid")]
+
+
+@dataclasses.dataclass(frozen=True)
+class SwarmFacts:
+    """What the swarm's manager says of one Swarm GPU node (gpuprov.verify.swarm.SwarmView)."""
+
+    node: Node
+    report: Mapping[str, Any] | None
+    view: Any = None  # SwarmView; None with `skipped`
+    skipped: str | None = None
+    run: Any = None  # the node's ContainerRun (swarm.no-request)
+
+    @property
+    def healthy_uuids(self) -> list[str]:
+        gpus = ((self.report or {}).get("nvml") or {}).get("gpus") or []
+        return [str(g["uuid"]) for g in gpus if g.get("uuid") and g.get("error") is None]

@@ -19,7 +19,7 @@ STATUSES = (PASS, WARN, FAIL, ERROR, SKIP)
 # "warning" -> warn (reported, exit 0).
 SEVERITIES = ("error", "warning")
 
-PHASES = ("node", "cluster", "pod")
+PHASES = ("node", "cluster", "pod", "container", "swarm")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,10 @@ from gpuprov.ssh import SshTarget
 
 GPU_GROUP = "gpu_nodes"
 CLUSTER_GROUP = "k8s_cluster"
+# GPU hosts without Kubernetes: the node phase, then smoke containers through Docker's API;
+# those also in DOCKER_SWARM_GROUP are Swarm GPU nodes (the swarm phase).
+DOCKER_GROUP = "docker_hosts"
+SWARM_GROUP = "docker_swarm"
 # The variables verify reads besides the connection ones, and who defines them.
 BRANCH_VAR = "nvidia_driver_branch"  # nvidia_driver role; gpu_preflight honours the pin
 SOURCE_VAR = "nvidia_driver_source"  # nvidia_driver role: distro or nvidia (branch choice)
@@ -34,10 +38,14 @@ SMOKE_IMAGE_VAR = "nvidia_device_plugin_smoke_image"  # nvidia_device_plugin rol
 # which runtime.
 TOOLKIT_MODE_VAR = "nvidia_container_toolkit_mode"
 TOOLKIT_RUNTIME_VAR = "nvidia_container_toolkit_runtime"
+# nvidia_container_toolkit role: whether a Docker host is a Swarm GPU node (its default: in
+# docker_swarm), and the generic resource kind of its GPUs.
+SWARM_VAR = "nvidia_container_toolkit_docker_swarm"
+SWARM_KIND_VAR = "nvidia_container_toolkit_swarm_resource_kind"
 # MIG devices as resources (none, single, mixed): the labels role's setting, which defaults
 # to the device plugin role's.
 MIG_STRATEGY_VARS = ("gpu_node_labels_mig_strategy", "nvidia_device_plugin_mig_strategy")
-# The MIG layout declared for the node (a name in mig-parted's format, gpuprov/mig.py), and
+# The MIG layout declared for the node (a name in mig-parted's format, gpuprov/nvidia/mig.py), and
 # the layouts to look it up in (a mig-parted document; default: gpuprov's defaults).
 MIG_CONFIG_VAR = "gpu_mig_config"
 MIG_CONFIGS_VAR = "gpu_mig_configs"
@@ -47,6 +55,7 @@ DEFAULT_SERIES_KEY = "gputype"
 SETTING_VARS = (
     BRANCH_VAR, SOURCE_VAR, KUBECONFIG_VAR, SERIES_KEY_VAR, NODE_NAME_VAR, SMOKE_IMAGE_VAR,
     TOOLKIT_MODE_VAR, TOOLKIT_RUNTIME_VAR, *MIG_STRATEGY_VARS, MIG_CONFIG_VAR, MIG_CONFIGS_VAR,
+    SWARM_VAR, SWARM_KIND_VAR,
 )
 
 _VARS = (
@@ -56,7 +65,7 @@ _VARS = (
     "ansible_host_key_checking", "ansible_ssh_host_key_checking", "ansible_become",
     "ansible_become_user", BRANCH_VAR, SOURCE_VAR, KUBECONFIG_VAR, SERIES_KEY_VAR,
     NODE_NAME_VAR, SMOKE_IMAGE_VAR, TOOLKIT_MODE_VAR, TOOLKIT_RUNTIME_VAR, *MIG_STRATEGY_VARS,
-    MIG_CONFIG_VAR, MIG_CONFIGS_VAR,
+    MIG_CONFIG_VAR, MIG_CONFIGS_VAR, SWARM_VAR, SWARM_KIND_VAR,
 )
 
 
@@ -76,7 +85,10 @@ class Node:
     container_runtime: str | None = None  # None: containerd (the toolkit role's default)
     mig_strategy: str = "none"  # the device plugin role's default
     mig_config: str | None = None  # None: no MIG layout declared
-    mig_configs: Any = None  # None: gpuprov.mig.default_configs()
+    mig_configs: Any = None  # None: gpuprov.nvidia.mig.default_configs()
+    docker: bool = False  # in docker_hosts: no Kubernetes, smoke containers through Docker
+    swarm: bool = False  # a Swarm GPU node (docker_swarm, or the toolkit role's setting)
+    swarm_kind: str = "NVIDIA-GPU"  # the toolkit role's default
 
     @property
     def node_name(self) -> str:
@@ -138,6 +150,11 @@ def node_from_vars(name: str, groups: set[str], hostvars: dict[str, Any],
         "mig_strategy": _text(first(*MIG_STRATEGY_VARS)) or "none",
         "mig_config": _text(hostvars.get(MIG_CONFIG_VAR)),
         "mig_configs": hostvars.get(MIG_CONFIGS_VAR),
+        "docker": DOCKER_GROUP in groups,
+        "swarm": DOCKER_GROUP in groups and (
+            SWARM_GROUP in groups if _truth(hostvars.get(SWARM_VAR)) is None
+            else bool(_truth(hostvars.get(SWARM_VAR)))),
+        "swarm_kind": _text(hostvars.get(SWARM_KIND_VAR)) or "NVIDIA-GPU",
     }
     if str(hostvars.get("ansible_connection") or "") == "local":
         return Node(name=name, target=None, **common)
@@ -248,10 +265,11 @@ def load(path: str, limit: str | None = None,
     variables = VariableManager(loader=loader, inventory=inventory)
 
     groups = inventory.groups
-    if GPU_GROUP not in groups and CLUSTER_GROUP not in groups:
-        raise GpuprovError(f"inventory {path} has no group {GPU_GROUP} or {CLUSTER_GROUP}; "
-                           "put the Kubernetes nodes there, as in inventory/sample/hosts.yml")
-    pattern = f"{GPU_GROUP}:{CLUSTER_GROUP}"
+    if not {GPU_GROUP, CLUSTER_GROUP, DOCKER_GROUP} & set(groups):
+        raise GpuprovError(f"inventory {path} has no group {GPU_GROUP}, {CLUSTER_GROUP} or "
+                           f"{DOCKER_GROUP}; put the Kubernetes nodes or Docker hosts there, as "
+                           "in inventory/sample/hosts.yml")
+    pattern = ":".join(g for g in (GPU_GROUP, CLUSTER_GROUP, DOCKER_GROUP) if g in groups)
     all_hosts = inventory.get_hosts(pattern)
     if limit:
         inventory.subset(limit)

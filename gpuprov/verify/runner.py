@@ -10,9 +10,9 @@ from collections.abc import Iterable, Sequence
 
 from gpuprov.errors import GpuprovError
 from gpuprov.verify import checks as _registered  # noqa: F401 (registers every check)
-from gpuprov.verify import cluster, nodes, pods
+from gpuprov.verify import cluster, containers, nodes, pods, swarm
 from gpuprov.verify.checks.host import PROBE_CHECK
-from gpuprov.verify.facts import ClusterFacts, NodeFacts, PodFacts
+from gpuprov.verify.facts import ClusterFacts, ContainerFacts, NodeFacts, PodFacts, SwarmFacts
 from gpuprov.verify.findings import (
     CHECKS,
     ERROR,
@@ -35,8 +35,8 @@ class Options:
     concurrency: int = 32
     kubeconfig: str | None = None
     context: str | None = None
-    pods: bool = True  # --no-pods: False
-    image: str | None = None  # --image: the smoke pods' image, and pods.cuda-compat
+    pods: bool = True  # --no-pods: False (the smoke containers and Swarm services too)
+    image: str | None = None  # --image: the smoke pods' and containers' image, *.cuda-compat
 
 
 def _matches(check_id: str, pattern: str) -> bool:
@@ -191,6 +191,83 @@ def pod_findings(results: Sequence[nodes.ProbeResult], view: cluster.ClusterView
     return findings
 
 
+def _gpu_host(result: nodes.ProbeResult) -> bool:
+    return bool((result.report or {}).get("pci")) or (
+        result.report is None and result.node.gpu_expected)
+
+
+def _smoke_image(results: Sequence[nodes.ProbeResult], options: Options) -> str:
+    from gpuprov import manifests
+
+    default = manifests.load_values()["nvidia_device_plugin_smoke_image"]
+    return options.image or next((r.node.smoke_image for r in results if r.node.smoke_image),
+                                 None) or default
+
+
+def container_findings(results: Sequence[nodes.ProbeResult], selected: Sequence[Check],
+                       options: Options) -> tuple[list[Finding], dict]:
+    """Smoke containers on the Docker hosts with GPUs, then the container checks; and the
+    hosts' engines asked for their swarm membership, which the swarm phase needs."""
+    checks = [c for c in selected if c.phase == "container"]
+    wants_swarm = any(c.phase == "swarm" for c in selected) and any(r.node.swarm
+                                                                     for r in results)
+    if not checks and not wants_swarm:
+        return [], {}
+    kinds = [c.id.split(".", 1)[1] for c in checks]
+    hosts, why_not = [], {}
+    for result in results:
+        gpus = ((result.report or {}).get("nvml") or {}).get("gpus") or []
+        if not options.pods:
+            why_not[result.node.name] = "--no-pods"
+        elif result.report is None:
+            why_not[result.node.name] = f"no probe report ({PROBE_CHECK})"
+        elif result.node.target is None:
+            why_not[result.node.name] = "a local node: Docker's API is reached over SSH only"
+        else:
+            hosts.append((result.node.target, result.node.name,
+                          [g for g in gpus if g.get("error") is None], result.node.toolkit_mode))
+    runs = containers.run(hosts, _smoke_image(results, options), options.timeout, kinds,
+                          options.concurrency) if hosts else {}
+    findings = []
+    for result in results:
+        name = result.node.name
+        facts = ContainerFacts(result.node, result.report, runs.get(name), why_not.get(name),
+                               options.image)
+        for check in checks:
+            if not _gpu_host(result):
+                findings.append(check.finding(name, skipped("no NVIDIA GPU on PCI")))
+            else:
+                findings.append(_evaluate(check, name, facts))
+    return findings, runs
+
+
+def swarm_findings(results: Sequence[nodes.ProbeResult], selected: Sequence[Check],
+                   options: Options, runs: dict) -> list[Finding]:
+    """The swarm's view through a manager, its smoke services, then the swarm checks."""
+    checks = [c for c in selected if c.phase == "swarm"]
+    members = [r for r in results if r.node.swarm]
+    if not checks or not members:
+        return []
+    view, why_none = None, ""
+    if not options.pods:
+        why_none = "--no-pods"
+    else:
+        view = swarm.collect(members, runs, _smoke_image(results, options), options.timeout,
+                             {c.id for c in checks})
+        why_none = view.error if view.error else ""
+    findings = []
+    for result in members:
+        name = result.node.name
+        facts = SwarmFacts(result.node, result.report, view if not why_none else None,
+                           why_none or None, runs.get(name))
+        for check in checks:
+            if not _gpu_host(result):
+                findings.append(check.finding(name, skipped("no NVIDIA GPU on PCI")))
+            else:
+                findings.append(_evaluate(check, name, facts))
+    return findings
+
+
 def run(
     inventory_nodes: list[Node],
     options: Options,
@@ -199,7 +276,10 @@ def run(
 ) -> list[Finding]:
     """Every selected check on every node, grouped by node in inventory order."""
     selected = select_checks(options.only, options.skip)
-    wants_cluster = any(c.phase in ("cluster", "pod") for c in selected)
+    # Kubernetes phases only where the inventory has Kubernetes nodes (a Docker-only site
+    # needs no kubeconfig).
+    wants_cluster = any(c.phase in ("cluster", "pod") for c in selected) and any(
+        not n.docker for n in inventory_nodes)
     api = None
     why_none = ""
     if wants_cluster:
@@ -224,9 +304,15 @@ def run(
                             probe=probe, progress=progress)
     view = snapshot.result() if snapshot is not None else None
     findings = node_findings(results, selected)
+    k8s = [r for r in results if not r.node.docker]
+    docker = [r for r in results if r.node.docker]
     if wants_cluster:
-        findings += cluster_findings(results, view, selected, why_none)
-        findings += pod_findings(results, view, selected, options, api, why_none)
+        findings += cluster_findings(k8s, view, selected, why_none)
+        findings += pod_findings(k8s, view, selected, options, api, why_none)
+    if docker:
+        found, runs = container_findings(docker, selected, options)
+        findings += found
+        findings += swarm_findings(docker, selected, options, runs)
     order = {n.name: i for i, n in enumerate(inventory_nodes)}
     rank = {c: i for i, c in enumerate(CHECKS)}
     return sorted(findings, key=lambda f: (order.get(f.node, len(order)), rank.get(f.check, 0)))

@@ -11,6 +11,7 @@ from typing import Any
 
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
+from ansible_collections.gpuprov.cluster.plugins.plugin_utils.gpuprov_support import INSTALL_HINT
 
 DOCUMENTATION = r"""
 name: gpuprov_probe_script
@@ -19,10 +20,10 @@ short_description: gpuprov's node probe as a self-contained python3 script
 description:
   - Returns the script that C(gpuprov.payload.probe_script()) builds, as text. Fed to
     C(python3 -I - [--root DIR]) on a node, it prints the probe's JSON report (see
-    C(gpuprov/probe/__init__.py) for the schema) and writes nothing there.
+    C(gpuprov/node/probe/__init__.py) for the schema) and writes nothing there.
   - Needs gpuprov (and nvidia-ml-py) importable by the Python that runs Ansible.
   - Takes no terms for the probe. The term C(mig-apply) gives the MIG stage's applier
-    instead (C(gpuprov/mig_apply.py), run as C(python3 -I - PLAN [--apply]) by the gpu_mig
+    instead (C(gpuprov/node/mig_apply.py), run as C(python3 -I - PLAN [--apply]) by the gpu_mig
     role), packed the same way.
 options:
   _terms:
@@ -46,10 +47,6 @@ _raw:
   elements: str
 """
 
-INSTALL_HINT = (
-    "gpuprov_probe_script: gpuprov is not importable by the Python that runs ansible ({error}): "
-    "install gpuprov in the Python that runs ansible: pip install -e ."
-)
 
 
 class LookupModule(LookupBase):
@@ -66,5 +63,6 @@ class LookupModule(LookupBase):
 
             script = node_script(entry)
         except ImportError as exc:
-            raise AnsibleLookupError(INSTALL_HINT.format(error=exc)) from None
+            raise AnsibleLookupError(
+                "gpuprov_probe_script: " + INSTALL_HINT.format(error=exc)) from None
         return [script.decode("ascii")]

@@ -1,6 +1,6 @@
 """Ansible module: evict named pods through the Kubernetes API and wait until they are gone.
 
-The gpu_mig role evicts a node's GPU pods (gpuprov.mig_stage.gpu_pods chooses them) before it
+The gpu_mig role evicts a node's GPU pods (gpuprov.stages.gpu_mig.gpu_pods chooses them) before it
 changes the node's MIG layout. kubernetes.core's k8s_drain evicts every pod of a node, chosen
 by label only, and no module of that collection evicts single pods: hence this one, with the
 kubernetes client the collection uses.

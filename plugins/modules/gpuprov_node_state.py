@@ -1,6 +1,6 @@
 """Ansible module: what the nvidia_driver and nvidia_container_toolkit roles read on a node.
 
-A thin wrapper: the reading is gpuprov.probe.node_state, shipped to the node as this module's
+A thin wrapper: the reading is gpuprov.node.probe.node_state, shipped to the node as this module's
 module_utils (plugins/module_utils/gpuprov is a link to the gpuprov package; ansible.cfg
 names plugins/module_utils), so the roles and gpuprov's probe read each fact with one reader.
 """
@@ -16,7 +16,7 @@ description:
     whether dpkg was interrupted), nouveau and the nvidia kernel module (loaded by
     C(initstate), the module's version), systemd units, the checksums and modes of named
     files, the text of named configs, and the first line a version command prints.
-  - Facts come from gpuprov's probe collectors (gpuprov/probe/node_state.py), the same the
+  - Facts come from gpuprov's probe collectors (gpuprov/node/probe/node_state.py), the same the
     C(gpuprov probe) and C(gpuprov verify) commands use.
   - Runs in check mode too, so that C(--check) reports what a real run would change.
 options:
@@ -48,7 +48,7 @@ options:
     default: []
   boot:
     description: Read the kernels in /boot, the one the node boots next and the nvidia module
-      each has (gpuprov/probe/boot.py).
+      each has (gpuprov/node/probe/boot.py).
     type: bool
     default: false
 """
@@ -64,7 +64,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 state:
-  description: The node's state (see gpuprov/probe/node_state.py).
+  description: The node's state (see gpuprov/node/probe/node_state.py).
   returned: always
   type: dict
   contains:
@@ -84,8 +84,8 @@ state:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuprov.probe import node_state
-from ansible.module_utils.gpuprov.probe.fs import Root
+from ansible.module_utils.gpuprov.node.probe import node_state
+from ansible.module_utils.gpuprov.node.probe.fs import Root
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import pytest
 from conftest import kube_api, playbook_failures
 from kubernetes import client
 
-from gpuprov import mig_stage
+from gpuprov.stages import gpu_mig
 
 pytestmark = pytest.mark.lab
 
@@ -109,7 +109,7 @@ def test_site_partitions_gpu_hopper_only_and_verify_passes_on_mig_devices(lab, p
     assert _wait_allocatable(lab, {"nvidia.com/mig-1g.10gb": "56"}) == {
         "nvidia.com/mig-1g.10gb": "56"}
     labels = _node(lab)["metadata"]["labels"]
-    assert (labels[mig_stage.CONFIG_LABEL], labels[mig_stage.STATE_LABEL]) == (
+    assert (labels[gpu_mig.CONFIG_LABEL], labels[gpu_mig.STATE_LABEL]) == (
         "all-1g.10gb", "success")
     assert labels["nvidia.com/mig.strategy"] == "mixed"
     assert labels["nvidia.com/mig-1g.10gb.count"] == "56"
@@ -118,7 +118,7 @@ def test_site_partitions_gpu_hopper_only_and_verify_passes_on_mig_devices(lab, p
         assert {k: v for k, v in _allocatable(lab, name).items() if v != "0"} == {
             "nvidia.com/gpu": gpus}
         other = client.CoreV1Api(kube_api(lab)).read_node(name).metadata.labels
-        assert mig_stage.CONFIG_LABEL not in other
+        assert gpu_mig.CONFIG_LABEL not in other
     # site.yml fails when verify does; its report names the MIG checks and smoke pods.
     report = " ".join(" ".join(_verify_lines(doc)).split())
     assert "PASS gpu.mig layout all-1g.10gb: 8 of 8 MIG-capable GPU(s) in MIG mode, " \
@@ -148,7 +148,7 @@ def test_a_gpu_pod_is_evicted_before_the_layout_changes(lab, partitioned, playbo
         "nvidia.com/mig-3g.40gb": "8"}
     node = _node(lab)
     assert not node["spec"].get("unschedulable")
-    assert node["metadata"]["labels"][mig_stage.STATE_LABEL] == "success"
+    assert node["metadata"]["labels"][gpu_mig.STATE_LABEL] == "success"
 
 
 def test_a_change_that_fails_midway_leaves_the_node_cordoned_and_annotated(
@@ -160,11 +160,11 @@ def test_a_change_that_fails_midway_leaves_the_node_cordoned_and_annotated(
     node = _node(lab)
     annotations = node["metadata"]["annotations"] or {}
     assert node["spec"]["unschedulable"] is True
-    assert node["metadata"]["labels"][mig_stage.STATE_LABEL] == "failed"
-    assert f"{WORKLOAD_NS}/guarded: refused by its budget" in annotations[mig_stage.FAILED]
+    assert node["metadata"]["labels"][gpu_mig.STATE_LABEL] == "failed"
+    assert f"{WORKLOAD_NS}/guarded: refused by its budget" in annotations[gpu_mig.FAILED]
     # The device plugin is given back: the node offers the GPUs it has (the layout it kept),
     # it is not left at zero.
-    assert mig_stage.PLUGIN_DEPLOY_LABEL not in node["metadata"]["labels"]
+    assert gpu_mig.PLUGIN_DEPLOY_LABEL not in node["metadata"]["labels"]
     assert _wait_allocatable(lab, {"nvidia.com/mig-1g.10gb": "16", "nvidia.com/mig-2g.20gb": "8",
                                    "nvidia.com/mig-3g.40gb": "8"})["nvidia.com/mig-3g.40gb"] == "8"
 
@@ -176,8 +176,8 @@ def test_a_change_that_fails_midway_leaves_the_node_cordoned_and_annotated(
     assert rc == 0, playbook_failures(doc)
     node = _node(lab)
     assert not node["spec"].get("unschedulable")
-    assert not set(mig_stage.ANNOTATIONS) & set(node["metadata"]["annotations"] or {})
-    assert node["metadata"]["labels"][mig_stage.STATE_LABEL] == "success"
+    assert not set(gpu_mig.ANNOTATIONS) & set(node["metadata"]["annotations"] or {})
+    assert node["metadata"]["labels"][gpu_mig.STATE_LABEL] == "success"
     assert _wait_allocatable(lab, {"nvidia.com/mig-1g.10gb": "56"}) == {
         "nvidia.com/mig-1g.10gb": "56"}
 
@@ -186,4 +186,4 @@ def test_all_disabled_gives_the_eight_whole_gpus_back(lab, partitioned, playbook
     rc, doc = playbook("playbooks/mig.yml", "-e", "gpu_mig_config=all-disabled")
     assert rc == 0, playbook_failures(doc)
     assert _wait_allocatable(lab, {"nvidia.com/gpu": "8"}) == {"nvidia.com/gpu": "8"}
-    assert _node(lab)["metadata"]["labels"][mig_stage.CONFIG_LABEL] == "all-disabled"
+    assert _node(lab)["metadata"]["labels"][gpu_mig.CONFIG_LABEL] == "all-disabled"

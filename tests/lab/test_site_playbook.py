@@ -31,7 +31,7 @@ DRIVER_PACKAGES = {
 HELD = {470: True, 535: True, 580: False}
 FORBIDDEN = ("cuda-toolkit", "nvidia-cuda-toolkit", "xserver-xorg-core")
 GPU_COUNT = {"gpu-kepler": 2, "gpu-pascal": 4, "gpu-hopper": 8}
-# The labels the issue specifies, written out (not computed by gpuprov.labels).
+# The labels the issue specifies, written out (not computed by gpuprov.nvidia.labels).
 EXPECTED_LABELS = {
     "gpu-kepler": {"gputype": "k80", "nvidia.com/gpu.family": "kepler",
                    "nvidia.com/gpu.product": "Tesla-K80", "nvidia.com/gpu.count": "2",

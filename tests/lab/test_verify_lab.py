@@ -17,8 +17,8 @@ import pytest
 from conftest import clear_faults, kube_api, playbook_failures
 from kubernetes import client
 
-from gpuprov import driver_lifecycle, mig
 from gpuprov.lab import nodefaults, podman, simhw
+from gpuprov.nvidia import driver_lifecycle, mig
 from gpuprov.verify import pods
 from gpuprov.verify.findings import CHECKS
 

@@ -22,7 +22,7 @@ import sys
 import pynvml as N
 
 # The MIG stage's own enumeration and teardown (compute instances, then GPU instances).
-from gpuprov import mig_apply
+from gpuprov.node import mig_apply
 
 
 def _gi_profiles(handle):

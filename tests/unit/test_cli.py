@@ -30,12 +30,12 @@ def test_version_and_help_exit_zero(capsys):
 @pytest.fixture
 def failing_hw(monkeypatch):
     """`hw classify` raising an expected failure, as any command may."""
-    import gpuprov.hardware
+    import gpuprov.nvidia.hardware
 
     def classify(pci_id, subsystem_device=None, chip_name=None):
         raise GpuprovError("the inventory is missing: pass -i FILE", ExitCode.USAGE)
 
-    monkeypatch.setattr(gpuprov.hardware, "classify", classify)
+    monkeypatch.setattr(gpuprov.nvidia.hardware, "classify", classify)
 
 
 def test_expected_failure_is_one_line_and_its_exit_code(failing_hw, capsys):
@@ -62,7 +62,7 @@ def test_production_code_never_imports_the_lab():
     """gpuprov.lab is test infrastructure: the CLI (all parsers built) and the payload must
     not load it; only `gpuprov lab ...` itself does, when it runs."""
     code = (
-        "import sys, gpuprov.cli, gpuprov.payload, gpuprov.ssh, gpuprov.driver_branches;"
+        "import sys, gpuprov.cli, gpuprov.payload, gpuprov.ssh, gpuprov.nvidia.driver_branches;"
         "gpuprov.cli.build_parser();"
         "print(sorted(m for m in sys.modules if m.startswith('gpuprov.lab')))"
     )

@@ -85,7 +85,7 @@ def _choose(capsys, *argv: str) -> tuple[int, dict | str, str]:
     (["--os", "debian-12", "--pci-id", "10de:102d", "--pci-id", "10de:15f8"], 470, False),
 ])
 def test_choose_prints_the_preflights_branch(capsys, argv, branch, open_modules):
-    from gpuprov import driver_branches
+    from gpuprov.nvidia import driver_branches
 
     rc, doc, _ = _choose(capsys, *argv, "--json")
     assert rc == 0

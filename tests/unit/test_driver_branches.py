@@ -7,8 +7,8 @@ from unittest import mock
 
 import pytest
 
-from gpuprov import driver_branches
-from gpuprov.driver_branches import choose_branch
+from gpuprov.nvidia import driver_branches
+from gpuprov.nvidia.driver_branches import choose_branch
 
 K80, P100, H100, H200, B200, GRID_K2 = (
     "10de:102d", "10de:15f8", "10de:2330", "10de:2335", "10de:2901", "10de:11bf"

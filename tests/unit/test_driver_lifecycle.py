@@ -1,4 +1,4 @@
-"""gpuprov/driver_lifecycle.py: NVIDIA's datacenter branches and their end of life, as
+"""gpuprov/nvidia/driver_lifecycle.py: NVIDIA's datacenter branches and their end of life, as
 NVIDIA's "Supported Drivers and CUDA Toolkit Versions" pages (580, 615 and 620 editions)
 list them; a pin to a branch NVIDIA never released is refused."""
 
@@ -8,8 +8,8 @@ import datetime
 
 import pytest
 
-from gpuprov import driver_lifecycle as lc
-from gpuprov.driver_branches import choose_branch
+from gpuprov.nvidia import driver_lifecycle as lc
+from gpuprov.nvidia.driver_branches import choose_branch
 
 TODAY = datetime.date(2026, 11, 25)
 P100 = "10de:15f8"

@@ -22,7 +22,8 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError, AnsibleLookupError
 
-from gpuprov import hardware, payload
+from gpuprov import payload
+from gpuprov.nvidia import hardware
 
 REPO = Path(__file__).resolve().parents[2]
 SYSFS = REPO / "tests" / "fixtures" / "sysfs"
@@ -42,7 +43,7 @@ def _load(name: str, path: Path) -> ModuleType:
     return module
 
 
-filters = _load("gpuprov_filter_plugin", REPO / "plugins" / "filter" / "gpuprov.py")
+filters = _load("gpuprov_filter_plugin", REPO / "plugins" / "filter" / "gpu_preflight.py")
 lookup = _load(
     "gpuprov_probe_script_lookup", REPO / "plugins" / "lookup" / "gpuprov_probe_script.py"
 )
@@ -66,8 +67,10 @@ def test_filters_are_registered():
         "gpuprov_gpu_summary",
         "gpuprov_choice_text",
         "gpuprov_os_problem",
-        "gpuprov_verify_host_vars",
     }
+    # The gpu_verify role's, in its own file.
+    verify = _load("gpuprov_verify_filter_plugin", REPO / "plugins" / "filter" / "gpu_verify.py")
+    assert set(verify.FilterModule().filters()) == {"gpuprov_verify_host_vars"}
 
 
 def test_classify_ids_and_devices():
@@ -137,11 +140,13 @@ def test_choose_branch_bad_pin_is_a_filter_error():
 
 
 def test_missing_gpuprov_says_how_to_install(monkeypatch):
-    import gpuprov
+    import gpuprov.nvidia
 
-    # What an ansible whose Python lacks gpuprov sees: the import fails.
-    monkeypatch.delattr(gpuprov, "hardware", raising=False)
-    monkeypatch.setitem(sys.modules, "gpuprov.hardware", None)
+    # What an ansible whose Python lacks gpuprov sees: the import fails (the stage's, and the
+    # hardware table's it imports).
+    monkeypatch.delattr(gpuprov.nvidia, "hardware", raising=False)
+    monkeypatch.setitem(sys.modules, "gpuprov.nvidia.hardware", None)
+    monkeypatch.setitem(sys.modules, "gpuprov.stages.gpu_preflight", None)
     with pytest.raises(AnsibleFilterError, match=r"pip install -e \.$"):
         filters.gpuprov_classify([P100])
 
@@ -195,8 +200,8 @@ def test_lookup_takes_at_most_the_entry(terms):
 def test_lookup_gives_the_mig_applier_as_its_own_script():
     (probe,) = lookup.LookupModule().run([])
     (applier,) = lookup.LookupModule().run(["mig-apply"])
-    assert "from gpuprov.mig_apply import main" in applier
-    assert "from gpuprov.probe.__main__ import main" in probe and applier != probe
+    assert "from gpuprov.node.mig_apply import main" in applier
+    assert "from gpuprov.node.probe.__main__ import main" in probe and applier != probe
 
 
 def test_lookup_without_gpuprov_says_how_to_install(monkeypatch):

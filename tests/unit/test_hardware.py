@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import hardware
+from gpuprov.nvidia import hardware
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "hardware" / "datacenter-ids.tsv"
 LIST_BRANCHES = (340, 390, 418, 450, 460, 470, 535, 550)

@@ -28,7 +28,7 @@ def gpus_of(layout: Layout, unhealthy: tuple[int, ...] = ()) -> list[Gpu]:
 
 
 def probe_report(layout: Layout) -> dict:
-    """The same layout as gpuprov's probe reports it (gpuprov/probe/nvml.py _mig)."""
+    """The same layout as gpuprov's probe reports it (gpuprov/node/probe/nvml.py _mig)."""
     return {"nvml": {"gpus": [
         {"error": None, "mig": None if profiles is None else {
             "current": True, "pending": True,

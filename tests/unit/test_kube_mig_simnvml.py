@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import mig
 from gpuprov.lab import profiles, simhw
 from gpuprov.lab.kube import deviceplugin as dp
 from gpuprov.lab.kube.backend import LabBackend
 from gpuprov.lab.toolkit import toolkit_rules as rules
+from gpuprov.nvidia import mig
 
 OPS = Path(__file__).with_name("simnvml_mig_ops.py")
 H100 = mig.model_of(0x2330)

@@ -10,8 +10,8 @@ from kubernetes import config as kconfig
 from gpuprov.lab.kube import app, backend, patch, selectors
 from gpuprov.lab.kube.backend import RuntimeConfig, runtime_from_probe
 from gpuprov.lab.kube.errors import ApiError
-from gpuprov.probe import runtime as probe_runtime
-from gpuprov.probe.fs import Root
+from gpuprov.node.probe import runtime as probe_runtime
+from gpuprov.node.probe.fs import Root
 
 
 def test_strategic_merge_uses_the_schema_merge_keys():

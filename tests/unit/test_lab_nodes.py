@@ -7,19 +7,33 @@ import pytest
 
 from gpuprov.errors import GpuprovError
 from gpuprov.lab import image, profiles
-from gpuprov.lab.lab import LAB_DRIVER_SETTINGS, plan_nodes
+from gpuprov.lab.lab import DOCKER_LAB, LAB_DRIVER_SETTINGS, plan_nodes
+
+K8S = "containerd"
 
 
 def test_default_lab_mixes_debian_12_and_13():
     assert plan_nodes(profiles.DEFAULT_LAB) == [
-        ("gpu-kepler", "gpu-kepler", "debian-12"), ("gpu-pascal", "gpu-pascal", "debian-12"),
-        ("gpu-hopper", "gpu-hopper", "debian-13"), ("cpu-only", "cpu-only", "debian-12")]
+        ("gpu-kepler", "gpu-kepler", "debian-12", K8S),
+        ("gpu-pascal", "gpu-pascal", "debian-12", K8S),
+        ("gpu-hopper", "gpu-hopper", "debian-13", K8S), ("cpu-only", "cpu-only", "debian-12", K8S)]
 
 
 def test_a_node_spec_may_name_the_node_and_its_os():
     assert plan_nodes(["gpu-pascal@debian-13", "gpu-pascal", "h=gpu-hopper@debian-12"]) == [
-        ("gpu-pascal", "gpu-pascal", "debian-13"), ("gpu-pascal-2", "gpu-pascal", "debian-12"),
-        ("h", "gpu-hopper", "debian-12")]
+        ("gpu-pascal", "gpu-pascal", "debian-13", K8S),
+        ("gpu-pascal-2", "gpu-pascal", "debian-12", K8S), ("h", "gpu-hopper", "debian-12", K8S)]
+
+
+def test_with_docker_adds_a_docker_host_per_docker_generation():
+    """Debian 12's docker.io 20.10 (NVIDIA's hook) and Debian 13's 26.1 (CDI)."""
+    assert plan_nodes(DOCKER_LAB) == [("docker-12", "gpu-pascal", "debian-12", "docker"),
+                                      ("docker-13", "gpu-hopper", "debian-13", "docker")]
+
+
+def test_an_engine_other_than_docker_is_one_clear_error():
+    with pytest.raises(GpuprovError, match=r"the only engine after '\+' is docker"):
+        plan_nodes(["gpu-pascal+podman"])
 
 
 def test_an_os_the_lab_cannot_build_is_one_clear_error():

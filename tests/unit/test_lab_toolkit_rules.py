@@ -132,7 +132,7 @@ def test_settings_the_plugin_refuses(env):
 
 
 def test_the_rules_take_the_same_toolkit_defaults_as_the_probe():
-    from gpuprov.probe import runtime as probe_runtime
+    from gpuprov.node.probe import runtime as probe_runtime
 
     assert rules.TOOLKIT_DEFAULTS == probe_runtime.TOOLKIT_KEYS
 
@@ -174,3 +174,20 @@ def test_the_plugins_environment_wins_over_its_config_file():
     plugin["env"].append({"name": "DEVICE_LIST_STRATEGY", "value": "envvar"})
     settings = dp.settings_from_pod(pod, {"nvidia.com/device-plugin.config": "cdi"}, config_map)
     assert settings.strategies == ("envvar",)
+
+
+def test_a_swarm_task_gets_the_gpus_swarm_assigned_not_nvidia_visible_devices():
+    """swarm-resource names the variable(s) preferred over NVIDIA_VISIBLE_DEVICES where the
+    container has them (internal/config/image/cuda_image.go visibleEnvVars), still subject to
+    the unprivileged rule."""
+    from gpuprov.lab.toolkit import toolkit_rules as rules
+
+    env = {"DOCKER_RESOURCE_NVIDIA-GPU": "GPU-b", "NVIDIA_VISIBLE_DEVICES": "all"}
+    on = {rules.ENVVAR_UNPRIVILEGED: True, rules.SWARM_RESOURCE: "DOCKER_RESOURCE_NVIDIA-GPU"}
+    task = rules.Container(env=env)
+    assert rules.container_gpus(task, on, ["GPU-a", "GPU-b"], True) == ["GPU-b"]
+    # The toolkit's commented default names another variable: the task then gets every GPU.
+    default = {**on, rules.SWARM_RESOURCE: "DOCKER_RESOURCE_GPU"}
+    assert rules.container_gpus(task, default, ["GPU-a", "GPU-b"], True) == ["GPU-a", "GPU-b"]
+    off = {**on, rules.ENVVAR_UNPRIVILEGED: False}
+    assert rules.container_gpus(task, off, ["GPU-a", "GPU-b"], True) == []

@@ -1,4 +1,4 @@
-"""gpuprov.labels: recorded probe reports -> node labels. Expected values are worked out here
+"""gpuprov.nvidia.labels: recorded probe reports -> node labels. Expected values are worked out here
 from the reports' own fields (or written down from the issue), not taken from the function."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import hardware, labels
+from gpuprov.nvidia import hardware, labels
 
 PROBES = Path(__file__).resolve().parent.parent / "fixtures" / "verify" / "probe"
 GPU_NODES = ("gpu-kepler", "gpu-pascal", "gpu-hopper")
@@ -202,14 +202,8 @@ def test_patch_removes_stale_owned_labels_with_null():
                               labels.compute_labels(report("gpu-hopper"))) == {}
 
 
-def test_filter_plugin_calls_the_labels_module():
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "filter"))
-    try:
-        import gpuprov_labels
-    finally:
-        sys.path.pop(0)
-    filters = gpuprov_labels.FilterModule().filters()
+def test_filter_plugin_calls_the_labels_module(ansible_plugin):
+    filters = ansible_plugin("filter/gpu_node_labels.py").FilterModule().filters()
     rep = report("gpu-kepler")
     assert filters["gpuprov_node_labels"](rep) == labels.compute_labels(rep)
     assert filters["gpuprov_label_node_plan"](

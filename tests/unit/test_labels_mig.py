@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import labels, mig, payload
+from gpuprov import payload
 from gpuprov.lab import profiles, simhw
+from gpuprov.nvidia import labels, mig
 
 OPS = Path(__file__).with_name("simnvml_mig_ops.py")
 H100 = mig.model_of(0x2330)

@@ -1,5 +1,5 @@
-"""gpuprov.mig: MIG profiles per model, whether a layout fits one GPU, the default layouts and
-the layout a mig-parted configuration gives each GPU, against NVIDIA's MIG user guide and
+"""gpuprov.nvidia.mig: MIG profiles per model, whether a layout fits one GPU, the default layouts
+and the layout a mig-parted configuration gives each GPU, against NVIDIA's MIG user guide and
 mig-parted's default configuration (NVIDIA/mig-parted deployments/systemd/config-default.yaml,
 whose layouts the expectations below restate)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprov import mig
+from gpuprov.nvidia import mig
 
 H100, A100_40, A30, H200, P100 = 0x2330, 0x20B0, 0x20B7, 0x2335, 0x15F8
 

@@ -1,7 +1,7 @@
-"""gpuprov/mig_apply.py, shipped as the payload's mig-apply entry (as the gpu_mig role runs it:
+"""gpuprov/node/mig_apply.py, shipped as the payload's mig-apply entry (as the gpu_mig role runs it:
 `python3 -I - PLAN [--apply]`, the script on stdin), against the lab's simulated NVML with MIG
 (gpuprov/lab/nvml/simnvml.c), on a temporary gpu-hopper node state. The plans come from
-gpuprov.mig (default layouts), as the role's filter makes them."""
+gpuprov.nvidia.mig (default layouts), as the role's filter makes them."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import mig, payload
+from gpuprov import payload
 from gpuprov.lab import profiles, simhw
+from gpuprov.nvidia import mig
 
 OPS = Path(__file__).with_name("simnvml_mig_ops.py")
 NVIDIA_SMI = Path(__file__).parents[2] / "gpuprov" / "lab" / "image" / "nvidia-smi"

@@ -1,5 +1,5 @@
-"""The roles' one read of a node (gpuprov.probe.node_state, run by the gpuprov_node_state
-module) and the filters the roles decide from (plugins/filter/gpuprov_node_state.py).
+"""The roles' one read of a node (gpuprov.node.probe.node_state, run by the gpuprov_node_state
+module) and the filters the roles decide from (plugins/filter/nvidia_driver.py).
 
 Fixture cases, the way pyinfra's tests/facts/*/ are written: each
 tests/fixtures/node_state/*.yml gives the module's arguments, the files of a node (under a
@@ -22,9 +22,9 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 
-from gpuprov import node_checks
-from gpuprov.probe import node_state
-from gpuprov.probe.fs import Root
+from gpuprov.node.probe import node_state
+from gpuprov.node.probe.fs import Root
+from gpuprov.stages import _node_read
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = sorted((REPO / "tests" / "fixtures" / "node_state").glob("*.yml"))
@@ -33,7 +33,7 @@ PLAYBOOK_BIN = Path(sys.executable).parent / "ansible-playbook"
 
 @pytest.fixture(scope="module")
 def packages(ansible_plugin):
-    return ansible_plugin("filter/gpuprov_node_state.py")
+    return ansible_plugin("filter/nvidia_driver.py")
 
 
 def _plant(root: Path, files: dict) -> None:
@@ -113,19 +113,19 @@ def test_the_module_runs_under_ansible_with_the_probe_as_its_module_utils(tmp_pa
 def test_missing_packages_honour_state_and_pinned_version():
     installed = {"a": {"version": "535.261.03-1~deb12u1", "state": "installed"},
                  "b": {"version": "535.261.03-1~deb12u1", "state": "half-configured"}}
-    assert node_checks.packages_missing(["a", "b", "c"], installed) == ["b", "c"]
-    assert node_checks.packages_missing(["a"], installed, version="535.261.03-1~deb12u1") == []
-    assert node_checks.packages_missing(["a"], installed, version="535.261.03*") == []
-    assert node_checks.packages_missing(["a"], installed, version="535.261.03") == ["a"]
-    assert node_checks.packages_missing(["a"], installed, version="470.256.02-1") == ["a"]
+    assert _node_read.packages_missing(["a", "b", "c"], installed) == ["b", "c"]
+    assert _node_read.packages_missing(["a"], installed, version="535.261.03-1~deb12u1") == []
+    assert _node_read.packages_missing(["a"], installed, version="535.261.03*") == []
+    assert _node_read.packages_missing(["a"], installed, version="535.261.03") == ["a"]
+    assert _node_read.packages_missing(["a"], installed, version="470.256.02-1") == ["a"]
 
 
 def test_missing_packages_read_the_probe_list_too():
     probe_list = [{"name": "nvidia-container-toolkit", "version": "1.17.8-1",
                    "state": "installed", "held": False}]
     names = ["nvidia-container-toolkit", "libnvidia-container1"]
-    assert node_checks.packages_missing(names, probe_list) == ["libnvidia-container1"]
-    assert node_checks.packages_missing(names[:1], probe_list, version="1.17.7-1") == names[:1]
+    assert _node_read.packages_missing(names, probe_list) == ["libnvidia-container1"]
+    assert _node_read.packages_missing(names[:1], probe_list, version="1.17.7-1") == names[:1]
 
 
 def test_written_files_are_current_only_with_the_same_content_mode_and_root_owner(packages,
@@ -137,9 +137,9 @@ def test_written_files_are_current_only_with_the_same_content_mode_and_root_owne
     root = Root(str(tmp_path))
     files = [root.file_facts(p) for p in ("/etc/sources", "/etc/blacklist")]
     uid_is_root = os.getuid() == 0 and os.getgid() == 0
-    assert packages.file_current(files, "/etc/sources", "Types: deb\n") is uid_is_root
-    assert not packages.file_current(files, "/etc/sources", "Types: deb-src\n")
-    assert not packages.file_current(files, "/etc/blacklist", "blacklist nouveau\n")  # 0600
-    assert not packages.file_current(files, "/etc/absent", "")
+    assert packages.gpuprov_file_current(files, "/etc/sources", "Types: deb\n") is uid_is_root
+    assert not packages.gpuprov_file_current(files, "/etc/sources", "Types: deb-src\n")
+    assert not packages.gpuprov_file_current(files, "/etc/blacklist", "blacklist nouveau\n")  # 0600
+    assert not packages.gpuprov_file_current(files, "/etc/absent", "")
     with pytest.raises(AnsibleFilterError, match="list of files"):
-        packages.file_current({"path": "/etc/sources"}, "/etc/sources", "")
+        packages.gpuprov_file_current({"path": "/etc/sources"}, "/etc/sources", "")

@@ -1,4 +1,4 @@
-"""The probe's boot section (gpuprov/probe/boot.py) on node trees built here: kernels in
+"""The probe's boot section (gpuprov/node/probe/boot.py) on node trees built here: kernels in
 /boot, the nvidia module each has (DKMS build or packaged, plain or compressed, signed or
 not), Secure Boot's EFI variable and the kernel's trusted keys."""
 
@@ -8,8 +8,8 @@ import gzip
 import lzma
 from pathlib import Path
 
-from gpuprov.probe import boot
-from gpuprov.probe.fs import Root
+from gpuprov.node.probe import boot
+from gpuprov.node.probe.fs import Root
 
 RUNNING, NEWER = "6.1.0-9-amd64", "6.1.0-10-amd64"
 # /proc/keys as the kernel prints it (security/keys/proc.c: type cut to 9 characters); the

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.probe import nvml
+from gpuprov.node.probe import nvml
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "probe"
 _spec = importlib.util.spec_from_file_location("fake_pynvml", FIXTURES / "fake_pynvml.py")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuprov.probe import packages
-from gpuprov.probe.fs import Root
+from gpuprov.node.probe import packages
+from gpuprov.node.probe.fs import Root
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "probe"
 RECORDED = FIXTURES / "packages"

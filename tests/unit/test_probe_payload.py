@@ -65,7 +65,7 @@ def test_payload_runs_on_bare_python_with_what_it_ships(tmp_path):
     report = payload.check_exit(0, proc.stdout.decode(), proc.stderr.decode())
     # pynvml came from the payload: NVML itself is what is missing on this machine.
     assert report["nvml"]["error"]["name"] == "NVML_ERROR_LIBRARY_NOT_FOUND"
-    # gpuprov.hardware came along too.
+    # gpuprov.nvidia.hardware came along too.
     assert [d["classification"]["name"] for d in report["pci"]] == [
         "Tesla P100-PCIE-16GB",
         "NVIDIA H100 80GB HBM3",
@@ -100,10 +100,10 @@ def test_a_bad_argument_is_the_probe_usage_error():
 def test_payload_ships_the_probe_hardware_table_and_pynvml():
     assert set(payload.payload_files()) >= {
         "gpuprov/__init__.py",
-        "gpuprov/hardware.py",
-        "gpuprov/probe/__init__.py",
-        "gpuprov/probe/__main__.py",
-        "gpuprov/probe/nvml.py",
+        "gpuprov/nvidia/hardware.py",
+        "gpuprov/node/probe/__init__.py",
+        "gpuprov/node/probe/__main__.py",
+        "gpuprov/node/probe/nvml.py",
         "pynvml.py",
     }
     assert not any(name.startswith("gpuprov/lab") for name in payload.payload_files())
@@ -150,7 +150,7 @@ def _repack(script: bytes, edit) -> bytes:
 
 
 def _break_main_source(packed: dict) -> None:
-    packed["sources"]["gpuprov/probe/__main__.py"] = b"raise SystemExit('ran the source')\n"
+    packed["sources"]["gpuprov/node/probe/__main__.py"] = b"raise SystemExit('ran the source')\n"
 
 
 def _system_python_magic() -> bytes:
@@ -267,13 +267,13 @@ def test_a_changed_source_is_built_again(cache, monkeypatch, tmp_path):
     monkeypatch.setattr(payload, "payload_files", lambda entry="probe": dict(files))
     builds = _count_builds(monkeypatch)
     first = payload.probe_script()
-    main = files["gpuprov/probe/__main__.py"]
+    main = files["gpuprov/node/probe/__main__.py"]
     main.write_bytes(main.read_bytes() + b"# changed\n")
     _as_new_process()
     second = payload.probe_script()
     assert len(builds) == 2
-    assert _unpack(second)["sources"]["gpuprov/probe/__main__.py"].endswith(b"# changed\n")
-    assert not _unpack(first)["sources"]["gpuprov/probe/__main__.py"].endswith(b"# changed\n")
+    assert _unpack(second)["sources"]["gpuprov/node/probe/__main__.py"].endswith(b"# changed\n")
+    assert not _unpack(first)["sources"]["gpuprov/node/probe/__main__.py"].endswith(b"# changed\n")
 
 
 def test_a_cache_file_cut_short_is_built_again_and_replaced(cache, monkeypatch):

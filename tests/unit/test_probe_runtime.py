@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.probe import runtime, toml_subset
-from gpuprov.probe.fs import Root
+from gpuprov.node.probe import runtime, toml_subset
+from gpuprov.node.probe.fs import Root
 
 ROOTS = Path(__file__).parent.parent / "fixtures" / "probe" / "roots"
 GPU_NODE = Root(str(ROOTS / "gpu-node"))

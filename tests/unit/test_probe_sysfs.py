@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import hardware
-from gpuprov.probe import host, pci
-from gpuprov.probe.fs import Root
+from gpuprov.node.probe import host, pci
+from gpuprov.node.probe.fs import Root
+from gpuprov.nvidia import hardware
 
 ROOTS = Path(__file__).parent.parent / "fixtures" / "probe" / "roots"
 GPU_NODE = Root(str(ROOTS / "gpu-node"))

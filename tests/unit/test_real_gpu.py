@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import hardware, mig
-from gpuprov.probe import host, nvml
-from gpuprov.probe.fs import Root
+from gpuprov.node.probe import host, nvml
+from gpuprov.node.probe.fs import Root
+from gpuprov.nvidia import hardware, mig
 from gpuprov.verify import runner
 from gpuprov.verify.inventory import Node
 

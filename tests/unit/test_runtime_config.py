@@ -1,5 +1,5 @@
-"""NVIDIA's runtime merged into containerd / Docker configs (gpuprov.runtime_config), judged
-by the probe's own reading of the result (gpuprov.probe.runtime: containerd's import rules)."""
+"""NVIDIA's runtime merged into containerd / Docker configs (gpuprov.stages._runtime_config), judged
+by the probe's own reading of the result (gpuprov.node.probe.runtime: containerd's import rules)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from ansible.errors import AnsibleFilterError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuprov import runtime_config as rc
-from gpuprov.probe import runtime as probe_runtime
-from gpuprov.probe import toml_subset
-from gpuprov.probe.fs import Root
+from gpuprov.node.probe import runtime as probe_runtime
+from gpuprov.node.probe import toml_subset
+from gpuprov.node.probe.fs import Root
+from gpuprov.stages import _runtime_config as rc
 
 MAIN = "/etc/containerd/config.toml"
 DROP_IN = "/etc/containerd/conf.d/99-nvidia.toml"
@@ -291,7 +291,7 @@ def test_an_existing_nvidia_runtime_keeps_its_settings():
 
 
 def test_drop_in_is_readable_by_the_probes_fallback_parser():
-    """Nodes on Python < 3.11 read the drop-in with gpuprov.probe.toml_subset."""
+    """Nodes on Python < 3.11 read the drop-in with gpuprov.node.probe.toml_subset."""
     result = rc.containerd_nvidia(ADMIN, {}, set_default=True)
     assert toml_subset._parse_subset(result["drop_in"]) == tomllib.loads(result["drop_in"])
 
@@ -527,8 +527,8 @@ def test_docker_property_every_key_survives(config, runtimes, set_default):
 # -- the filter plugin ----------------------------------------------------------------------
 
 def _filters():
-    path = Path(__file__).resolve().parents[2] / "plugins" / "filter" / "gpuprov_runtime.py"
-    spec = importlib.util.spec_from_file_location("gpuprov_runtime_filters", path)
+    path = Path(__file__).resolve().parents[2] / "plugins/filter/nvidia_container_toolkit.py"
+    spec = importlib.util.spec_from_file_location("gpuprov_toolkit_filters", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

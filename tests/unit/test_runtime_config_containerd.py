@@ -1,11 +1,11 @@
-"""The containerd merge (gpuprov.runtime_config) judged by containerd itself.
+"""The containerd merge (gpuprov.stages._runtime_config) judged by containerd itself.
 
 Debian's containerd 1.6 (bookworm), 1.7 (trixie) and 2.x (unstable), fetched but not
 installed by scripts/fetch-containerd.sh (`make containerd-bins`), read the merged files with
 `containerd --config FILE config dump`, which needs no daemon. The inputs are configs nobody
 here wrote: tests/fixtures/runtime/containerd/ (each names its source), each binary's own
 `config default` and Debian's packaged config.toml. The Python model of containerd
-(gpuprov.probe.runtime, which the merge checks itself with) must predict what they load.
+(gpuprov.node.probe.runtime, which the merge checks itself with) must predict what they load.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 import tomlkit
 import tomllib
 
-from gpuprov import runtime_config as rc
 from gpuprov.lab.cache import CONTAINERD
-from gpuprov.probe import runtime as probe_runtime
+from gpuprov.node.probe import runtime as probe_runtime
+from gpuprov.stages import _runtime_config as rc
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = CONTAINERD  # scripts/fetch-containerd.sh

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuprov import runtime_mode as rm
-from gpuprov.probe import runtime as probe_runtime
+from gpuprov.node.probe import runtime as probe_runtime
 
 # `containerd --version` of Debian 12's, Debian 13's and unstable's binaries (fetched into the
 # machine's cache by scripts/fetch-containerd.sh).
@@ -24,7 +24,10 @@ UNSTABLE = "containerd github.com/containerd/containerd/v2 2.1.9+unknown "
     ("legacy", "containerd", UNSTABLE, "legacy"),
     ("cdi", "containerd", TRIXIE, "cdi"),
     ("auto", "crio", "crio version 1.31.3", "cdi"),
-    ("auto", "docker", "Docker version 28.3.2, build 578ccf6", "legacy"),
+    # Docker: CDI from 25.0 (features.cdi), NVIDIA's hook before.
+    ("auto", "docker", "Docker version 28.3.2, build 578ccf6", "cdi"),
+    ("auto", "docker", "Docker version 26.1.5+dfsg1, build a72d7cd", "cdi"),
+    ("auto", "docker", "Docker version 20.10.24+dfsg1, build 297e128", "legacy"),
     ("auto", "containerd", None, "legacy"),
     (None, "containerd", UNSTABLE, "cdi"),
 ])
@@ -36,7 +39,7 @@ def test_the_mode_follows_the_runtime(setting, runtime, version, mode):
 
 @pytest.mark.parametrize("setting, runtime, version, words", [
     ("cdi", "containerd", BOOKWORM, "containerd 1.6 cannot inject CDI devices"),
-    ("cdi", "docker", "Docker version 28.3.2", "containerd >= 1.7 or CRI-O"),
+    ("cdi", "docker", "Docker version 20.10.24+dfsg1", "it needs Docker >= 25"),
     ("cdi", "containerd", None, "version is unknown"),
     ("native", "containerd", UNSTABLE, "must be one of auto, cdi, legacy"),
 ])

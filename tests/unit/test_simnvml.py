@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from gpuprov.errors import GpuprovError
-from gpuprov.hardware import NVML_ARCHITECTURES
 from gpuprov.lab import faults, profiles, simhw
-from gpuprov.probe import host as probe_host
-from gpuprov.probe.fs import Root
+from gpuprov.node.probe import host as probe_host
+from gpuprov.node.probe.fs import Root
+from gpuprov.nvidia.hardware import NVML_ARCHITECTURES
 
 SNAPSHOT = Path(__file__).with_name("simnvml_snapshot.py")
 GPU_PROFILES = [name for name in profiles.DEFAULT_LAB if profiles.NODE_PROFILES[name].gpus]

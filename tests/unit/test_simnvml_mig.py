@@ -1,5 +1,5 @@
 """The lab's simulated NVML with MIG (gpuprov/lab/nvml/simnvml.c), through pynvml, against
-gpuprov/mig.py's profile tables (NVIDIA's MIG user guide): profiles and placements per model,
+gpuprov/nvidia/mig.py's profile tables (NVIDIA's MIG user guide): profiles and placements per model,
 MIG mode (pending while the GPU is in use), GPU and compute instances, MIG devices and their
 UUIDs, state shared between processes, and NOT_SUPPORTED on GPUs without MIG."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import mig
 from gpuprov.lab import profiles, simhw
+from gpuprov.nvidia import mig
 
 OPS = Path(__file__).with_name("simnvml_mig_ops.py")
 H100 = mig.model_of(0x2330)

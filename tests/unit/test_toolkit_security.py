@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuprov import toolkit_advisories as adv
-from gpuprov import toolkit_config
 from gpuprov.lab import pkgrepo
-from gpuprov.probe import runtime as probe_runtime
-from gpuprov.probe.fs import Root
+from gpuprov.node.probe import runtime as probe_runtime
+from gpuprov.node.probe.fs import Root
+from gpuprov.nvidia import toolkit_advisories as adv
+from gpuprov.stages import _toolkit_config
 from gpuprov.verify import checks  # noqa: F401 (registers the checks)
 from gpuprov.verify.checks import runtime as runtime_checks
 from gpuprov.verify.facts import NodeFacts
@@ -104,7 +104,7 @@ def test_current_toolkit_passes_and_a_missing_one_fails():
 # -- the toolkit's config.toml -------------------------------------------------------------------
 
 def test_merge_sets_the_keys_and_keeps_the_packages_file():
-    result = toolkit_config.merge(PACKAGED, toolkit_config.SECURE)
+    result = _toolkit_config.merge(PACKAGED, _toolkit_config.SECURE)
     assert result["changed"]
     text = result["text"]
     assert text.startswith(PACKAGED.split("\n[", 1)[0])  # comments and keys before the tables
@@ -114,26 +114,26 @@ def test_merge_sets_the_keys_and_keeps_the_packages_file():
     assert "accept-nvidia-visible-devices-as-volume-mounts = true" in text
     # Set before the first table: top-level keys, as the toolkit reads them.
     assert text.index("accept-nvidia-visible-devices-as-volume-mounts") < text.index("[")
-    again = toolkit_config.merge(text, toolkit_config.SECURE)
+    again = _toolkit_config.merge(text, _toolkit_config.SECURE)
     assert again == {"text": text, "changed": False}
 
 
 def test_merge_flips_an_admins_explicit_setting_and_keeps_the_rest():
     admin = ('# ours\naccept-nvidia-visible-devices-envvar-when-unprivileged = true\n'
              'disable-require = true\n\n[nvidia-container-runtime]\nmode = "legacy"\n')
-    text = toolkit_config.merge(admin, toolkit_config.SECURE)["text"]
+    text = _toolkit_config.merge(admin, _toolkit_config.SECURE)["text"]
     assert "accept-nvidia-visible-devices-envvar-when-unprivileged = false" in text
     assert "# ours" in text and "disable-require = true" in text and 'mode = "legacy"' in text
 
 
 def test_merge_of_a_missing_file_and_refusals():
-    assert toolkit_config.merge(None, toolkit_config.SECURE)["text"] == (
+    assert _toolkit_config.merge(None, _toolkit_config.SECURE)["text"] == (
         "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n"
         "accept-nvidia-visible-devices-as-volume-mounts = true\n")
-    with pytest.raises(toolkit_config.ToolkitConfigError, match="is not valid TOML"):
-        toolkit_config.merge("disable-require = \n", toolkit_config.SECURE)
-    with pytest.raises(toolkit_config.ToolkitConfigError, match="not a toolkit setting"):
-        toolkit_config.merge(PACKAGED, {"disable-require": True})
+    with pytest.raises(_toolkit_config.ToolkitConfigError, match="is not valid TOML"):
+        _toolkit_config.merge("disable-require = \n", _toolkit_config.SECURE)
+    with pytest.raises(_toolkit_config.ToolkitConfigError, match="not a toolkit setting"):
+        _toolkit_config.merge(PACKAGED, {"disable-require": True})
 
 
 def test_probe_reads_the_keys_with_nvidias_defaults(tmp_path):
@@ -145,9 +145,9 @@ def test_probe_reads_the_keys_with_nvidias_defaults(tmp_path):
     assert packaged["settings"] == {
         "accept-nvidia-visible-devices-envvar-when-unprivileged": True,
         "accept-nvidia-visible-devices-as-volume-mounts": False}
-    path.write_text(toolkit_config.merge(PACKAGED, toolkit_config.SECURE)["text"])
+    path.write_text(_toolkit_config.merge(PACKAGED, _toolkit_config.SECURE)["text"])
     merged = probe_runtime.collect_toolkit_config(Root(str(tmp_path)))
-    assert merged["settings"] == toolkit_config.SECURE and merged["mode"] == "auto"
+    assert merged["settings"] == _toolkit_config.SECURE and merged["mode"] == "auto"
 
 
 # -- the device plugin's strategy against the toolkit's settings --------------------------------
@@ -155,27 +155,28 @@ def test_probe_reads_the_keys_with_nvidias_defaults(tmp_path):
 def test_role_defaults_are_the_secure_settings():
     defaults = yaml.safe_load(ROLE_DEFAULTS.read_text())
     assert {
-        toolkit_config.ENVVAR_UNPRIVILEGED:
+        _toolkit_config.ENVVAR_UNPRIVILEGED:
             defaults["nvidia_container_toolkit_accept_envvar_unprivileged"],
-        toolkit_config.AS_VOLUME_MOUNTS: defaults["nvidia_container_toolkit_accept_volume_mounts"],
-    } == toolkit_config.SECURE
+        _toolkit_config.AS_VOLUME_MOUNTS: defaults["nvidia_container_toolkit_accept_volume_mounts"],
+    } == _toolkit_config.SECURE
 
 
 def test_strategy_problems_name_the_nodes_and_the_setting():
-    nodes = {"a": toolkit_config.SECURE, "b": {toolkit_config.AS_VOLUME_MOUNTS: False}}
-    assert toolkit_config.strategy_problems("volume-mounts", {"a": toolkit_config.SECURE}) == []
-    (line,) = toolkit_config.strategy_problems("volume-mounts", nodes)
+    nodes = {"a": _toolkit_config.SECURE, "b": {_toolkit_config.AS_VOLUME_MOUNTS: False}}
+    assert _toolkit_config.strategy_problems("volume-mounts", {"a": _toolkit_config.SECURE}) == []
+    (line,) = _toolkit_config.strategy_problems("volume-mounts", nodes)
     assert "which b would not have" in line and "nvidia_container_toolkit_accept_volume_mounts" \
         in line
-    (line,) = toolkit_config.strategy_problems("envvar", nodes)
+    (line,) = _toolkit_config.strategy_problems("envvar", nodes)
     assert "which a would ignore" in line and "volume-mounts (recommended)" in line
     # NVIDIA's defaults (absent keys) take the variable and refuse mounts.
-    assert toolkit_config.strategy_problems("envvar", {"old": {}}) == []
-    assert toolkit_config.strategy_problems("envvar,volume-mounts", {"old": {}})
+    assert _toolkit_config.strategy_problems("envvar", {"old": {}}) == []
+    assert _toolkit_config.strategy_problems("envvar,volume-mounts", {"old": {}})
 
 
 def test_filter_reads_each_gpu_hosts_settings_from_the_inventory(ansible_plugin):
-    plugin = ansible_plugin("filter/gpuprov_toolkit.py")
+    toolkit = ansible_plugin("filter/nvidia_container_toolkit.py")
+    plugin = ansible_plugin("filter/nvidia_device_plugin.py")
     hostvars = {
         "gpu-a": {"gpu_preflight_has_gpu": True},  # the role's defaults
         "gpu-b": {"gpu_preflight_has_gpu": True,
@@ -183,9 +184,9 @@ def test_filter_reads_each_gpu_hosts_settings_from_the_inventory(ansible_plugin)
         "cpu": {"gpu_preflight_has_gpu": False,
                 "nvidia_container_toolkit_accept_volume_mounts": False},
     }
-    (line,) = plugin.device_list_problems("volume-mounts", list(hostvars), hostvars)
+    (line,) = plugin.gpuprov_device_list_problems("volume-mounts", list(hostvars), hostvars)
     assert "which gpu-b would not have" in line
-    merged = plugin.toolkit_config(PACKAGED, toolkit_config.SECURE)
+    merged = toolkit.gpuprov_toolkit_config(PACKAGED, _toolkit_config.SECURE)
     assert merged["changed"]
 
 
@@ -193,7 +194,7 @@ def test_each_gpu_node_gets_the_plugin_config_of_its_runtime_mode(ansible_plugin
     """gpuprov_runtime_modes: the toolkit stage's mode where it ran in this play, else the
     same decision from the inventory and the runtime the preflight's probe found; CPU hosts
     get none; a CDI node's toolkit settings do not gate the legacy strategy."""
-    plugin = ansible_plugin("filter/gpuprov_toolkit.py")
+    plugin = ansible_plugin("filter/nvidia_device_plugin.py")
 
     def probe(containerd_version: str) -> dict:
         return {"packages": {"runtime": [{"name": "containerd", "version": containerd_version,
@@ -208,12 +209,12 @@ def test_each_gpu_node_gets_the_plugin_config_of_its_runtime_mode(ansible_plugin
                    "nvidia_container_toolkit_mode": "legacy"},
         "cpu": {"gpu_preflight_has_gpu": False},
     }
-    assert plugin.node_modes(list(hostvars), hostvars) == {
+    assert plugin.gpuprov_runtime_modes(list(hostvars), hostvars) == {
         "applied": "cdi", "old": "legacy", "new.k8s": "cdi", "pinned": "legacy"}
     # volume-mounts needs the toolkit to accept mounts, on legacy nodes only.
     refusing = {"nvidia_container_toolkit_accept_volume_mounts": False}
     for host in hostvars:
         hostvars[host] = {**hostvars[host], **refusing}
-    lines = plugin.device_list_problems("volume-mounts", list(hostvars), hostvars)
+    lines = plugin.gpuprov_device_list_problems("volume-mounts", list(hostvars), hostvars)
     assert len(lines) == 1 and "old" in lines[0] and "pinned" in lines[0]
     assert "applied" not in lines[0] and "new" not in lines[0]

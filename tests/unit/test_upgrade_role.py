@@ -175,7 +175,7 @@ def story(tmp_path_factory, ansible_plugin):
     if not PLAYBOOK_BIN.exists():
         pytest.skip("ansible-playbook is not installed next to this Python")
     tmp = tmp_path_factory.mktemp("upgrade")
-    preflight = ansible_plugin("filter/gpuprov.py")
+    preflight = ansible_plugin("filter/gpu_preflight.py")
     playbook = _play_under_test(tmp / "upgrade-driver.yml")
     runs: dict = {}
     with running_emulator() as emu:

@@ -10,10 +10,11 @@ import pytest
 import yaml
 from kubernetes import client
 
-from gpuprov import cli, labels
+from gpuprov import cli
 from gpuprov.errors import ExitCode, GpuprovError
 from gpuprov.lab.kube import app, faults
 from gpuprov.lab.kube.testing import default_lab_backend, running_emulator, wait_for
+from gpuprov.nvidia import labels
 from gpuprov.verify import cluster, nodes, runner
 from gpuprov.verify.findings import FAIL, PASS, SKIP
 from gpuprov.verify.inventory import Node
@@ -126,7 +127,7 @@ def _ready(core, name: str) -> bool:
 
 
 def test_labels_drift_is_a_failure_that_shows_the_diff(emulator, kubeconfig):
-    """k8s.labels compares the node's labels with gpuprov.labels' computation from the
+    """k8s.labels compares the node's labels with gpuprov.nvidia.labels' computation from the
     probe: a node labelled as computed passes, a hand-edited label fails with the diff."""
     for name in ("gpu-pascal", "gpu-hopper"):
         expected = labels.compute_labels(probe(lab_nodes((name,))[0], 1.0))

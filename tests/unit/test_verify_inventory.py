@@ -86,7 +86,8 @@ def test_limit_uses_ansible_patterns(site, limit, names):
 @pytest.mark.parametrize(("content", "limit", "words"), [
     (None, None, "does not exist"),
     ("all:\n  hosts:\n    a: [\n", None, "cannot parse inventory"),
-    ("all:\n  hosts:\n    lonely: {}\n", None, "has no group gpu_nodes or k8s_cluster"),
+    ("all:\n  hosts:\n    lonely: {}\n", None,
+     "has no group gpu_nodes, k8s_cluster or docker_hosts"),
     (HOSTS, "nothing-like-this", "--limit 'nothing-like-this' matches none of the 3 hosts"),
     (HOSTS.replace("2222", "twenty"), None, "ansible_port 'twenty' is not a number"),
 ])

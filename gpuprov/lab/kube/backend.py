@@ -83,9 +83,9 @@ class NodeInfo:
 
 def read_node_info(root: str, runtime_version: str, runtime_error: str = "") -> NodeInfo:
     """NodeInfo from a node's files below `root`, read by gpuprov's own probe (the same reader
-    `gpuprov probe` runs on the node: gpuprov.probe.host)."""
-    from gpuprov.probe.fs import Root
-    from gpuprov.probe.host import collect_host
+    `gpuprov probe` runs on the node: gpuprov.node.probe.host)."""
+    from gpuprov.node.probe.fs import Root
+    from gpuprov.node.probe.host import collect_host
 
     node = Root(root)
     host = collect_host(node)
@@ -417,7 +417,9 @@ class LabBackend:
     def __init__(self, lab_dir: Path) -> None:
         self.lab_dir = Path(lab_dir)
         state = json.loads((self.lab_dir / "lab.json").read_text())
-        self.containers = {n["name"]: n["container"] for n in state["nodes"]}
+        # Kubernetes nodes only: a Docker host (engine docker) has no kubelet.
+        self.containers = {n["name"]: n["container"] for n in state["nodes"]
+                           if n.get("engine", "containerd") == "containerd"}
         self._gpu_cache: dict[str, tuple[tuple, list[Gpu] | None]] = {}
         self._runtime_cache: dict[str, tuple[float, RuntimeConfig]] = {}
         # node -> (host PID of its container's init, the container's ID)
@@ -530,13 +532,13 @@ class LabBackend:
             return None
 
     def runtime(self, node: str) -> RuntimeConfig:
-        """What the production probe's runtime section (gpuprov.probe.runtime) reads in the
+        """What the production probe's runtime section (gpuprov.node.probe.runtime) reads in the
         node's files, read from the host through the container's root: file reads, not a
         `podman exec` of the whole probe, so the controllers' passes can ask at every pass
         (cached RUNTIME_CACHE_SECONDS). Absolute symlinks inside the node would resolve on
         the host; the configs, drop-ins and NVIDIA binaries it reads are plain files."""
-        from gpuprov.probe import runtime as probe_runtime
-        from gpuprov.probe.fs import Root
+        from gpuprov.node.probe import runtime as probe_runtime
+        from gpuprov.node.probe.fs import Root
 
         cached = self._runtime_cache.get(node)
         if cached and time.monotonic() - cached[0] < RUNTIME_CACHE_SECONDS:

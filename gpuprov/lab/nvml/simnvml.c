@@ -142,7 +142,7 @@ struct sim_proc {
 };
 
 /* MIG: a GPU instance profile of the GPU's model (nvml.conf mig_profiles, from
- * gpuprov/mig.py), a GPU instance (GI) and a compute instance (CI) in it. A CI is what NVML
+ * gpuprov/nvidia/mig.py), a GPU instance (GI) and a compute instance (CI) in it. A CI is what NVML
  * hands out as a MIG device (nvmlDevice_t pointing at the CI). Instances live in slots by
  * id, so a handle stays valid while its instance exists. */
 #define MAX_MIG_PROFILES 8

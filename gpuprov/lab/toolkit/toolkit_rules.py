@@ -61,7 +61,10 @@ CDI_KINDS = ("nvidia.com/gpu", "k8s.device-plugin.nvidia.com/gpu", "runtime.nvid
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 ENVVAR_UNPRIVILEGED = "accept-nvidia-visible-devices-envvar-when-unprivileged"
 AS_VOLUME_MOUNTS = "accept-nvidia-visible-devices-as-volume-mounts"
-# What the toolkit assumes when its config.toml lacks a key. gpuprov.probe.runtime has the
+# The variable(s) a Docker Swarm task's assigned GPUs come in (api/config/v1/config.go
+# SwarmResource; a comma list): no default, so absent from TOOLKIT_DEFAULTS.
+SWARM_RESOURCE = "swarm-resource"
+# What the toolkit assumes when its config.toml lacks a key. gpuprov.node.probe.runtime has the
 # same table; this module also runs on the lab's nodes (the runtime stand-in), where gpuprov
 # is not installed, so it keeps its own copy and a unit test keeps the two equal.
 TOOLKIT_DEFAULTS = {ENVVAR_UNPRIVILEGED: True, AS_VOLUME_MOUNTS: False}
@@ -120,10 +123,16 @@ def _split(value: str) -> list[str]:
     return out
 
 
-def devices_from_envvar(env: Mapping[str, str]) -> list[str] | None:
+def devices_from_envvar(env: Mapping[str, str],
+                        preferred: Sequence[str] = ()) -> list[str] | None:
     """NVIDIA_VISIBLE_DEVICES as a device request: None for no request, [] for "none"
-    (driver files, no GPU). "void" anywhere wins; else the first "all" or "none" decides."""
-    value = env.get("NVIDIA_VISIBLE_DEVICES")
+    (driver files, no GPU). "void" anywhere wins; else the first "all" or "none" decides.
+    `preferred`: the toolkit's swarm-resource variables; where the container has any of them,
+    their values (joined) are the request instead (internal/config/image/cuda_image.go
+    `visibleEnvVars`, `devicesFromEnvvars`)."""
+    names = [name for name in preferred if name in env] or ["NVIDIA_VISIBLE_DEVICES"]
+    values = [env[name] for name in names if name in env]
+    value = ",".join(values) if values else None
     if value is None:
         legacy = bool(env.get("CUDA_VERSION")) and not env.get("NVIDIA_REQUIRE_CUDA")
         return ["all"] if legacy else None
@@ -170,10 +179,32 @@ def requested_devices(container: Container, settings: Mapping[str, bool]) -> lis
         mounted = devices_from_mounts(container.mounts)
         if mounted:
             return devices + [d for d in mounted if d not in devices]
-    requested = devices_from_envvar(container.env) or []
+    requested = devices_from_envvar(container.env,
+                                    _split(str(settings.get(SWARM_RESOURCE) or ""))) or []
     if requested and not (container.privileged or config[ENVVAR_UNPRIVILEGED]):
         requested = []  # "Ignoring devices specified in NVIDIA_VISIBLE_DEVICES"
     return devices + [d for d in requested if d not in devices]
+
+
+def settings_from_config(doc: Mapping) -> dict:
+    """The keys of the toolkit's config.toml (parsed) that decide who gets GPUs: the boolean
+    ones of TOOLKIT_DEFAULTS (absent: NVIDIA's defaults) and swarm-resource where set."""
+    settings: dict = {key: doc[key] for key in TOOLKIT_DEFAULTS if isinstance(doc.get(key), bool)}
+    if isinstance(doc.get(SWARM_RESOURCE), str):
+        settings[SWARM_RESOURCE] = doc[SWARM_RESOURCE]
+    return settings
+
+
+def container_from_spec(spec: Mapping) -> Container:
+    """What NVIDIA's runtime and hook read of an OCI spec (config.json): the process's
+    environment (a later entry wins, as Go's map does), its mounts, whether CAP_SYS_ADMIN is in
+    its bounding set (privileged), and its annotations."""
+    process = spec.get("process") or {}
+    env = dict(item.split("=", 1) for item in process.get("env") or [] if "=" in item)
+    mounts = tuple(Mount(m.get("source", ""), m.get("destination", ""))
+                   for m in spec.get("mounts") or [])
+    bounding = ((process.get("capabilities") or {}).get("bounding")) or []
+    return Container(env, mounts, "CAP_SYS_ADMIN" in bounding, spec.get("annotations") or {})
 
 
 class UnknownDevice(ValueError):

@@ -5,3 +5,4 @@ smoke pods."""
 
 # isort: skip_file
 from gpuprov.verify.checks import host, nvml, driver, gpu, runtime, k8s, pods  # noqa: F401
+from gpuprov.verify.checks import containers, swarm  # noqa: F401

@@ -1,5 +1,5 @@
 """Driver checks: kernel module and user-space library agree, and the branch is the one
-gpu_preflight chose for the node (gpuprov.driver_branches, the roles' own choice)."""
+gpu_preflight chose for the node (gpuprov.nvidia.driver_branches, the roles' own choice)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from gpuprov import driver_lifecycle
-from gpuprov.driver_branches import BranchChoice, choose_branch, eol_warning
-from gpuprov.probe import boot as boot_probe
+from gpuprov.node.probe import boot as boot_probe
+from gpuprov.nvidia import driver_lifecycle
+from gpuprov.nvidia.driver_branches import BranchChoice, choose_branch, eol_warning
 from gpuprov.verify.checks._util import major, nvml_error_text
 from gpuprov.verify.facts import NodeFacts
 from gpuprov.verify.findings import Verdict, check, passed, problem, skipped
@@ -181,7 +181,8 @@ def _fleet_choices(fleet: Mapping[str, NodeFacts]) -> dict[str, tuple[int | None
     phase="node",
     severity="warning",
     description="the loaded driver's branch is one NVIDIA supports, not past its end of life "
-    f"or ending within {driver_lifecycle.EOL_WARNING_DAYS} days (gpuprov/driver_lifecycle.py)",
+    f"or ending within {driver_lifecycle.EOL_WARNING_DAYS} days "
+    "(gpuprov/nvidia/driver_lifecycle.py)",
     remediation="move the node to the supported branch named: pin it (nvidia_driver_branch), "
     "or take it from NVIDIA's repository (nvidia_driver_source: nvidia) where the OS's archive "
     "lacks it, then run playbooks/upgrade-driver.yml",

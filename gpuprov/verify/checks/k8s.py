@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuprov import labels as label_module
+from gpuprov.nvidia import labels as label_module
 from gpuprov.verify import cluster
 from gpuprov.verify.facts import ClusterFacts
 from gpuprov.verify.findings import Verdict, check, passed, problem, skipped

@@ -198,13 +198,18 @@ def image_cuda_version(image: str) -> tuple[int, int] | None:
     "version is at least the image's, or use an image built for an older CUDA",
 )
 def cuda_compat(facts: PodFacts) -> Verdict:
-    if not facts.image:
+    return judge_cuda_compat(facts.report, facts.image)
+
+
+def judge_cuda_compat(report: dict | None, image: str | None) -> Verdict:
+    """The node's driver against the CUDA version of `image` (pods and containers alike)."""
+    if not image:
         return skipped("no --image given")
-    wanted = image_cuda_version(facts.image)
+    wanted = image_cuda_version(image)
     if wanted is None:
-        return skipped(f"no CUDA version in the tag of {facts.image} (expected e.g. "
+        return skipped(f"no CUDA version in the tag of {image} (expected e.g. "
                        "cuda:12.4.1-base-ubuntu22.04)")
-    nvml = (facts.report or {}).get("nvml") or {}
+    nvml = (report or {}).get("nvml") or {}
     have_text = nvml.get("cuda_driver_version")
     if not have_text:
         return problem("the node's NVML reports no CUDA driver version (see nvml.init)")

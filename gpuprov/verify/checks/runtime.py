@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuprov import runtime_mode
-from gpuprov import toolkit_advisories as advisories
+from gpuprov.nvidia import toolkit_advisories as advisories
 from gpuprov.verify.facts import NodeFacts
 from gpuprov.verify.findings import PASS, Verdict, check, passed, problem
 
@@ -112,7 +112,7 @@ TOOLKIT_PACKAGES = ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
     phase="node",
     severity="error",
     description="NVIDIA's container toolkit is installed at a version with no known CVE "
-    "(gpuprov/toolkit_advisories.py, each with NVIDIA's bulletin)",
+    "(gpuprov/nvidia/toolkit_advisories.py, each with NVIDIA's bulletin)",
     remediation="re-run the nvidia_container_toolkit role (ansible-playbook site.yml --limit "
     "NODE): it installs nvidia_container_toolkit_version and holds it",
 )

@@ -1,0 +1,53 @@
+"""Filters of the gpu_mig role (playbooks/mig.yml; gpuprov/stages/gpu_mig.py decides, with
+gpuprov/nvidia/mig.py's profiles and layouts).
+
+The role reads (the probe report, the Node, the pods) and writes (Node patches, evictions, the
+node's MIG layout through gpuprov/node/mig_apply.py); what to do with what it read is decided
+on the controller.
+
+    probe | gpuprov_mig_plan(config, configs=None, node=None)
+        -> {"managed", "capable", "change", "skip", "summary", "apply", "start_patch",
+            "done_patch", "labels_patch", "failed_labels", ...}
+    pods | gpuprov_mig_gpu_pods          -> [{"namespace", "name"}, ...] to evict
+    stdout | gpuprov_mig_applied(rc)     -> the applier's report, or why it has none
+    ansible_failed_task | gpuprov_mig_failure(ansible_failed_result, failed_labels)
+        -> {"reason", "annotation", "patch"}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.gpuprov.cluster.plugins.plugin_utils import gpuprov_support as support
+
+
+def gpuprov_mig_plan(probe: Any, config: Any, configs: Any = None, node: Any = None) -> dict:
+    if not isinstance(probe, Mapping):
+        raise AnsibleFilterError(f"gpuprov_mig_plan expects the node's probe report, got "
+                                 f"{type(probe).__name__}")
+    mig = support.stage("gpu_mig")
+    return support.reported(None, lambda: mig.plan(
+        probe, None if config in (None, "") else str(config), configs,
+        node if isinstance(node, Mapping) else None), (mig.StageError,))
+
+
+def gpuprov_mig_gpu_pods(pods: Any) -> list[dict]:
+    if not isinstance(pods, list):
+        raise AnsibleFilterError(f"gpuprov_mig_gpu_pods expects a list of Pod objects, got "
+                                 f"{type(pods).__name__}")
+    return support.stage("gpu_mig").gpu_pods([p for p in pods if isinstance(p, Mapping)])
+
+
+def gpuprov_mig_applied(stdout: Any, rc: Any) -> dict:
+    return support.stage("gpu_mig").applied(str(stdout or ""), rc)
+
+
+def gpuprov_mig_failure(task: Any, result: Any, failed_labels: Any) -> dict:
+    return support.stage("gpu_mig").failure(
+        task, result, failed_labels if isinstance(failed_labels, Mapping) else {})
+
+
+FilterModule = support.filter_module(gpuprov_mig_plan, gpuprov_mig_gpu_pods, gpuprov_mig_applied,
+                                     gpuprov_mig_failure)

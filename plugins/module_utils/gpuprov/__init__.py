@@ -1,0 +1,1 @@
+../../../gpuprov/__init__.py
