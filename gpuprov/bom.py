@@ -3,12 +3,16 @@ that site.yml needs on each node, for mirrors (air-gapped sites).
 
 No second copy of site.yml's decisions: playbooks/bom.yml runs site.yml's own preflight and
 validate stages and the roles' plans (nvidia_driver, nvidia_container_toolkit: their check
-tasks; nvidia_device_plugin: its render tasks), then asks each node's package manager what it
-would install for those plans from nothing (`apt-get -s` with an empty dpkg status: the whole
-dependency closure at the exact versions apt picks, NVIDIA's and the OS's) and where each
-package comes from (`apt-cache policy`). This module reads that playbook's result
-(ansible.posix.json): parse_simulation() and parse_policy() read apt's output, node() builds
-one node's list, mirror() the de-duplicated list over the nodes.
+tasks; nvidia_device_plugin: its render tasks), then asks each node's apt what it would install
+or upgrade for those plans now (`apt-get -s`: on a fresh node the whole dependency closure, at
+the exact versions apt picks, NVIDIA's and the OS's), which part of the closure the node
+already has (`apt-cache depends --recurse --installed`: alternatives as apt resolved them on
+that node), and where each version comes from (`apt-cache policy`). An empty dpkg status
+(simulating a bare node) was tried first and dropped: apt then picks alternatives a real node
+does not (usrmerge for usr-is-merged, perl modules), packages no node gets. This module reads
+the playbook's result (ansible.posix.json): parse_simulation(), parse_depends() and
+parse_policy() read apt's output, node() builds one node's list, mirror() the de-duplicated
+list over the nodes.
 
 dnf nodes: the playbook resolves nothing there yet (no dnf equivalent written); such a node is
 listed as undecided with that reason rather than with a guess.
@@ -32,6 +36,9 @@ _INST = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+) (.*?) \[(\S+)\]\)")
 # ("        500 file:/srv/... Packages", "        100 /var/lib/dpkg/status").
 _POLICY_PACKAGE = re.compile(r"^(\S+):$")
 _POLICY_VERSION = re.compile(r"^ (?:\*\*\*| {3}) (\S+) -?\d+$")
+_POLICY_INSTALLED = re.compile(r"^  Installed: (\S+)$")
+# parse_policy's key for a package's installed version (a list of one).
+INSTALLED = "installed"
 _POLICY_SOURCE = re.compile(r"^\s+-?\d+ (\S+)(?: (.*?))?\s+Packages$")
 
 
@@ -46,15 +53,26 @@ def parse_simulation(text: str | None) -> list[dict[str, str]]:
     return out
 
 
+def parse_depends(text: str | None) -> list[str]:
+    """apt-cache depends --recurse: the packages of the closure (unindented lines; virtual
+    packages, "<name>", left out), in apt's order."""
+    return [line.strip() for line in (text or "").splitlines()
+            if line and not line[0].isspace() and not line.startswith("<")]
+
+
 def parse_policy(text: str | None) -> dict[str, dict[str, list[str]]]:
     """apt-cache policy: package -> version -> ["URL SUITE/COMPONENT ARCH", ...] (the
-    repositories that offer that version; dpkg's status file left out)."""
+    repositories that offer that version; dpkg's status file left out), and
+    INSTALLED -> [the installed version] where one is."""
     out: dict[str, dict[str, list[str]]] = {}
     package = version = None
     for line in (text or "").splitlines():
         if match := _POLICY_PACKAGE.match(line):
             package, version = match.group(1), None
             out.setdefault(package, {})
+        elif package and (match := _POLICY_INSTALLED.match(line)):
+            if match.group(1) != "(none)":
+                out[package].setdefault(INSTALLED, [match.group(1)])
         elif package and (match := _POLICY_VERSION.match(line)):
             version = match.group(1)
             out[package].setdefault(version, [])
@@ -83,7 +101,15 @@ def node(materials: Mapping[str, Any]) -> dict[str, Any]:
     """One node's bill of materials from the playbook's message for it."""
     installs = parse_simulation(materials.get("apt_simulate"))
     policy = parse_policy(materials.get("apt_policy"))
-    arch = installs[0]["arch"] if installs else "amd64"
+    new = {i["name"] for i in installs}
+    # The closure's packages the node has and apt leaves as they are: at their installed
+    # version (dpkg's architecture is not in policy's output; the node's own is assumed).
+    arch = installs[0]["arch"] if installs else str(materials.get("arch") or "amd64")
+    for name in parse_depends(materials.get("apt_depends")):
+        have = policy.get(name, {}).get(INSTALLED)
+        if name not in new and have:
+            installs.append({"name": name, "version": have[0], "origin": None, "arch": arch})
+            new.add(name)
     keys = {
         (materials.get("cuda_repo_url") or "").rstrip("/"): materials.get("cuda_repo_key_url"),
         _arch_expanded(materials.get("toolkit_repo_url"), arch) or "":

@@ -13,6 +13,10 @@ from gpuprov import bom, cli
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bom"
 SIMULATE = (FIXTURES / "debian12-apt-simulate-curl.txt").read_text()
+# On the same machine, where curl is installed: apt-cache depends --recurse --installed ...
+# curl, and apt-cache policy of the packages it lists.
+DEPENDS = (FIXTURES / "debian12-apt-depends-installed-curl.txt").read_text()
+CLOSURE_POLICY = (FIXTURES / "debian12-apt-policy-curl-closure.txt").read_text()
 POLICY = (FIXTURES / "debian12-apt-policy-curl.txt").read_text()
 
 
@@ -41,6 +45,31 @@ def test_parse_policy_gives_each_version_its_repositories_not_dpkgs_status():
         == "http://deb.debian.org/debian bookworm/main amd64"
 
 
+def test_parse_depends_lists_the_closure_without_virtual_packages():
+    closure = bom.parse_depends(DEPENDS)
+    assert closure[0] == "curl" and "libc6" in closure and "libcurl4" in closure
+    assert len(closure) == len(set(closure))
+    assert not any(name.startswith(("<", " ", "|")) for name in closure)
+
+
+def test_a_converged_node_lists_its_closure_at_the_installed_versions():
+    """Nothing left to install (apt-get -s lists nothing): the closure the node has, each at
+    its installed version, from the repository that offers that version."""
+    record = bom.node(_materials(apt_simulate="", apt_depends=DEPENDS,
+                                 apt_policy=CLOSURE_POLICY))
+    policy = bom.parse_policy(CLOSURE_POLICY)
+    by_name = {p["name"]: p for p in record["packages"]}
+    assert set(by_name) == set(bom.parse_depends(DEPENDS))
+    for name, item in by_name.items():
+        assert item["version"] == policy[name][bom.INSTALLED][0]
+        sources = policy[name].get(item["version"]) or [None]
+        assert item["repository"] == sources[0]
+    # This machine's curl, 7.88.1-10+deb12u14, is no longer offered (the archive has u15): no
+    # repository, not a guess; libc6's is.
+    assert by_name["curl"]["repository"] is None
+    assert by_name["libc6"]["repository"] == "http://deb.debian.org/debian bookworm/main amd64"
+
+
 def _materials(**overrides) -> dict:
     return {"has_gpu": True, "os": "Debian 12.7", "package_manager": "apt", "branch": 580,
             "driver_source": "nvidia", "driver_packages": ["curl"],
@@ -49,7 +78,7 @@ def _materials(**overrides) -> dict:
             "toolkit_packages": ["libcurl4=7.88.1-10+deb12u14"],
             "toolkit_repo_url": "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)",
             "toolkit_repo_key_url": "https://nvidia.github.io/libnvidia-container/gpgkey",
-            "apt_simulate": SIMULATE, "apt_policy": POLICY, "objects": [],
+            "apt_simulate": SIMULATE, "apt_depends": "", "apt_policy": POLICY, "objects": [],
             "smoke_image": "docker.io/library/ubuntu:24.04", **overrides}
 
 
