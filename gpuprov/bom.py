@@ -6,8 +6,10 @@ validate stages and the roles' plans (nvidia_driver, nvidia_container_toolkit: t
 tasks; nvidia_device_plugin: its render tasks), then asks each node's apt what it would install
 or upgrade for those plans now (`apt-get -s`: on a fresh node the whole dependency closure, at
 the exact versions apt picks, NVIDIA's and the OS's), which part of the closure the node
-already has (`apt-cache depends --recurse --installed`: alternatives as apt resolved them on
-that node), and where each version comes from (`apt-cache policy`). An empty dpkg status
+already has (`apt-cache depends --recurse`, every alternative and provider, kept where
+`apt-cache policy` says it is installed: alternatives as apt resolved them on that node; its
+--installed option drops the providers of virtual packages), and where each version comes from
+(`apt-cache policy`). An empty dpkg status
 (simulating a bare node) was tried first and dropped: apt then picks alternatives a real node
 does not (usrmerge for usr-is-merged, perl modules), packages no node gets. This module reads
 the playbook's result (ansible.posix.json): parse_simulation(), parse_depends() and
@@ -54,8 +56,9 @@ def parse_simulation(text: str | None) -> list[dict[str, str]]:
 
 
 def parse_depends(text: str | None) -> list[str]:
-    """apt-cache depends --recurse: the packages of the closure (unindented lines; virtual
-    packages, "<name>", left out), in apt's order."""
+    """apt-cache depends --recurse: the packages of the closure (unindented lines: apt recurses
+    into every alternative and every provider of a virtual package; the virtual packages,
+    "<name>", left out), in apt's order."""
     return [line.strip() for line in (text or "").splitlines()
             if line and not line[0].isspace() and not line.startswith("<")]
 
