@@ -114,7 +114,7 @@ def test_branch_eol(monkeypatch, name, version, day, status, words):
     ("gpu-pascal", None, False, FAIL, "driver 535.261.03 is below R535's fixed version "
                                       "535.309.01"),
     ("gpu-pascal", None, False, FAIL, "R535 gets no fixes from bulletin 5861: move to "
-                                      "R580 580.178.04, R595 595.91.07"),
+                                      "R580 580.178.04"),
     # Accepted by the admin: a warning that says so.
     ("gpu-pascal", None, True, WARN, "(accepted: nvidia_driver_allow_vulnerable)"),
     # An ended branch at its last fix: no floor invented, the bulletins it misses named.
@@ -122,6 +122,11 @@ def test_branch_eol(monkeypatch, name, version, day, status, words):
                                       "5586 (2024-10-22: CVE-2024-0126; fixed in R535 "
                                       "535.216.01, R550 550.127.05)"),
     ("gpu-hopper", "550.163.01", False, WARN, "R550 gets no fixes from bulletin 5670"),
+    # Only branches that drive the GPUs are offered: Kepler's K80s stop at R470.
+    ("gpu-kepler", None, False, WARN, "fixed in R580 580.178.04, R595 595.91.07, R610 610.57.04, "
+                                      "R615 615.71.09); move to no branch NVIDIA still fixes "
+                                      "drives these GPUs"),
+    ("gpu-hopper", "550.163.01", False, WARN, "move to R580 580.178.04, R595 595.91.07"),
     # A branch no bulletin lists yet.
     ("gpu-hopper", "620.10.01", False, PASS, "no NVIDIA bulletin since 2024 lists R620"),
 ])
@@ -130,6 +135,12 @@ def test_driver_security(name, version, allow, status, words):
                                            allow_vulnerable=allow))
     assert finding.status == status and words in finding.message, finding.message
     assert (finding.remediation is not None) == (status != PASS)
+
+
+def test_driver_security_offers_only_branches_that_drive_the_gpus():
+    # Pascal's last branch is R580 (hardware.py): R595, which 5861 also fixes, is not offered.
+    finding = run("driver.security", facts("gpu-pascal", allow_vulnerable=False))
+    assert finding.message.endswith("move to R580 580.178.04"), finding.message
 
 
 def test_driver_security_skips_without_a_driver():

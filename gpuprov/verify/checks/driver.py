@@ -235,8 +235,15 @@ def security(facts: NodeFacts) -> Verdict:
     details = {"version": version, "branch": found.branch, "install": found.install,
                "below": [b.bulletin for b in found.below], "cves": found.cves(),
                "missed": [b.bulletin for b in found.missed]}
+    try:
+        gpus = [g for g in expected_branch(facts).gpus if g.status == "supported"]
+    except ValueError:
+        gpus = []
+    # Only branches that drive the node's GPUs (Kepler's last is R470, which no bulletin fixes
+    # any more: no way out but other GPUs).
     ways_out = ", ".join(f"R{b} {v}" for b, v in driver_advisories.fixed_branches(today())
-                         if b != found.branch)
+                         if b != found.branch and all(g.supports_branch(b) for g in gpus)) \
+        or "no branch NVIDIA still fixes drives these GPUs"
     if found.vulnerable:
         message = (f"driver {version} is below R{found.branch}'s fixed version {found.install}: "
                    f"{found.below_text()}; install {found.install} or newer")
