@@ -5,6 +5,11 @@ classify exit codes: 0 every ID is a supported GPU; 1 (CHECK_FAILED) some ID is 
 legacy, the answer being "gpuprov cannot provision it"; 2 (USAGE) some ID is malformed or not
 NVIDIA's. Every ID is classified and printed before the exit code is decided.
 
+Both classify GPUs the hardware table lacks by their chip's name in the machine's pci.ids (the
+files the probe reads on nodes, hardware.PCI_IDS_PATHS), or in the file --pci-ids names; the
+output says which file was used. choose also names the version of the chosen branch with every
+fix of NVIDIA's security bulletins (gpuprov.nvidia.driver_advisories), the one to install.
+
 choose answers with gpu_preflight's own decision (gpuprov.nvidia.driver_branches.choose_branch:
 one decision, two callers): exit 0 a branch drives every GPU, 1 none can (the reason says
 why and what to do), 2 bad input (an OS name not like debian-12, a malformed ID, a pin that
@@ -14,11 +19,16 @@ is not a number, an unknown source).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from gpuprov.errors import ExitCode, GpuprovError
-from gpuprov.nvidia import driver_branches, hardware
+from gpuprov.nvidia import driver_advisories, driver_branches, hardware
 from gpuprov.output import print_json, render_table
+
+# Where the machine's pci.ids is looked for when --pci-ids is not given: the probe's paths
+# (tests replace it).
+SYSTEM_PCI_IDS = hardware.PCI_IDS_PATHS
 
 HEADERS = ("PCI ID", "NAME", "ARCHITECTURE", "CC", "BRANCHES", "RECOMMENDED", "OPEN MODULES",
            "STATUS")
@@ -37,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           metavar="ID", help="10de:15f8, 0x15f8 or 15f8 (repeatable)")
     classify.add_argument("--pci-ids", dest="pci_ids_file", metavar="FILE", default=None,
                           help="classify GPUs the table lacks by their chip's name in this "
-                          "pci.ids file (e.g. /usr/share/misc/pci.ids)")
+                          "pci.ids file (default: the machine's, "
+                          f"{' or '.join(SYSTEM_PCI_IDS)})")
     classify.add_argument("--json", action="store_true", help="print a JSON list")
     classify.set_defaults(func=run)
     choose = hw_commands.add_parser(
@@ -59,7 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="nvidia_driver_branch, the branch the inventory pins")
     choose.add_argument("--pci-ids", dest="pci_ids_file", metavar="FILE", default=None,
                         help="classify GPUs the table lacks by their chip's name in this "
-                        "pci.ids file, as gpu_preflight does with the node's")
+                        "pci.ids file, as gpu_preflight does with the node's (default: the "
+                        f"machine's, {' or '.join(SYSTEM_PCI_IDS)})")
     choose.add_argument("--json", action="store_true", help="print a JSON object")
     choose.set_defaults(func=run_choose)
 
@@ -70,9 +82,26 @@ def _branches(result: hardware.Classification) -> str | None:
     return f"{result.min_branch}-{result.max_branch if result.max_branch else 'current'}"
 
 
+def _pci_ids_path(given: str | None) -> str | None:
+    """The pci.ids file to read: --pci-ids, else the first of the machine's that exists (as
+    the probe reads the node's); None where the machine has none."""
+    if given is not None:
+        return given
+    return next((path for path in SYSTEM_PCI_IDS if os.path.isfile(path)), None)
+
+
 def _chip_names(path: str | None, pci_ids: list[str]) -> dict[str, str | None]:
-    """PCI ID -> its name in the pci.ids file (only with --pci-ids)."""
-    if path is None:
+    """PCI ID -> its name in the pci.ids file, for the IDs the hardware table lacks (the file,
+    1.3 MB, is read only for them)."""
+    wanted = []
+    for pci_id in pci_ids:
+        try:
+            vendor, device = hardware.parse_pci_id(pci_id)
+        except hardware.InvalidPciId:
+            continue  # classify says what is wrong with it
+        if vendor == hardware.NVIDIA_VENDOR_ID and hardware.lookup(device) is None:
+            wanted.append((pci_id, device))
+    if path is None or not wanted:
         return {}
     try:
         text = open(path, encoding="utf-8", errors="replace").read()  # noqa: SIM115
@@ -80,26 +109,24 @@ def _chip_names(path: str | None, pci_ids: list[str]) -> dict[str, str | None]:
         raise GpuprovError(f"--pci-ids {path}: cannot read it ({exc.strerror}); give the "
                            "path of a pci.ids file (Debian: /usr/share/misc/pci.ids from the "
                            "pci.ids package)", ExitCode.USAGE) from None
-    names = {}
-    for pci_id in pci_ids:
-        try:
-            vendor, device = hardware.parse_pci_id(pci_id)
-        except hardware.InvalidPciId:
-            continue  # classify says what is wrong with it
-        if vendor == hardware.NVIDIA_VENDOR_ID:
-            names[pci_id] = hardware.pci_ids_name(device, text)
-    return names
+    return {pci_id: hardware.pci_ids_name(device, text) for pci_id, device in wanted}
+
+
+def _pci_ids_line(path: str | None) -> str:
+    return f"pci.ids: {path}" if path else ("pci.ids: none (no " + " or ".join(SYSTEM_PCI_IDS)
+                                             + " on this machine; --pci-ids FILE gives one)")
 
 
 def run(args: argparse.Namespace) -> int:
-    names = _chip_names(args.pci_ids_file, args.pci_ids)
+    path = _pci_ids_path(args.pci_ids_file)
+    names = _chip_names(path, args.pci_ids)
     try:
         results = [hardware.classify(pci_id, chip_name=names.get(pci_id))
                    for pci_id in args.pci_ids]
     except hardware.InvalidPciId as exc:
         raise GpuprovError(str(exc), ExitCode.USAGE) from exc
     if args.json:
-        print_json([result.to_dict() for result in results])
+        print_json([{**result.to_dict(), "pci_ids_file": path} for result in results])
     else:
         print(render_table(HEADERS, (
             (r.pci_id, r.name or "unknown", r.architecture, r.compute_capability, _branches(r),
@@ -109,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
              r.status)
             for r in results
         )))
+        print(_pci_ids_line(path))
     problems = [result for result in results if result.status != "supported"]
     for result in problems:
         print(f"gpuprov: {result.message}", file=sys.stderr)
@@ -116,6 +144,26 @@ def run(args: argparse.Namespace) -> int:
         if result.source == "pci.ids":
             print(f"gpuprov: warning: {result.message}", file=sys.stderr)
     return int(ExitCode.CHECK_FAILED if problems else ExitCode.OK)
+
+
+def _security(branch: int | None) -> dict:
+    """The chosen branch's security floor: the version to install (or newer), the bulletin that
+    set it, and the bulletins the branch gets no fix from."""
+    if branch is None:
+        return {"minimum_version": None, "bulletin": None, "missed": [], "notes": []}
+    found = driver_advisories.floor(branch)
+    missed = driver_advisories.missed(branch)
+    notes = []
+    if found:
+        notes.append(f"security: install {found[0]} or newer (R{branch}'s fixes up to NVIDIA "
+                     f"bulletin {found[1].bulletin}, {found[1].date})")
+    if missed:
+        notes.append(f"security: R{branch} gets no fixes from NVIDIA bulletin "
+                     + ", ".join(f"{b.bulletin} ({b.date})" for b in missed)
+                     + ": pin a branch they fix (nvidia_driver_branch)")
+    return {"minimum_version": found[0] if found else None,
+            "bulletin": found[1].bulletin if found else None,
+            "missed": [b.bulletin for b in missed], "notes": notes}
 
 
 def split_os(text: str) -> tuple[str, str]:
@@ -130,23 +178,28 @@ def split_os(text: str) -> tuple[str, str]:
 
 def run_choose(args: argparse.Namespace) -> int:
     os_id, version = split_os(args.os_name)
+    path = _pci_ids_path(args.pci_ids_file)
     try:
         choice = driver_branches.choose_branch(
             args.pci_ids, os_id, version, pinned_branch=args.pin, source=args.source,
-            chip_names=_chip_names(args.pci_ids_file, args.pci_ids))
+            chip_names=_chip_names(path, args.pci_ids))
     except ValueError as exc:  # hardware.InvalidPciId is one
         raise GpuprovError(str(exc), ExitCode.USAGE) from None
     doc = choice.to_dict()
+    security = _security(choice.branch)
     if args.json:
-        print_json({key: doc[key] for key in
-                    ("ok", "branch", "open_kernel_modules", "packages", "reason", "notes")})
+        print_json({**{key: doc[key] for key in
+                       ("ok", "branch", "open_kernel_modules", "packages", "reason", "notes")},
+                    "minimum_version": security["minimum_version"], "security": security,
+                    "pci_ids_file": path})
     else:
-        print(render_table(("OS", "BRANCH", "OPEN MODULES", "PACKAGES"), [(
-            choice.os, choice.branch, "yes" if choice.open_kernel_modules else "no",
-            choice.packages)]))
+        print(render_table(("OS", "BRANCH", "MINIMUM VERSION", "OPEN MODULES", "PACKAGES"), [(
+            choice.os, choice.branch, security["minimum_version"],
+            "yes" if choice.open_kernel_modules else "no", choice.packages)]))
         print(choice.reason)
-        for note in doc["notes"]:
+        for note in doc["notes"] + security["notes"]:
             print(f"  - {note}")
+        print(_pci_ids_line(path))
     if not choice.ok:
         print(f"gpuprov: {choice.reason}", file=sys.stderr)
         return int(ExitCode.CHECK_FAILED)

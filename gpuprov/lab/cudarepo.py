@@ -72,7 +72,12 @@ log = logging.getLogger(__name__)
 # The driver versions each OS directory serves, as apt spells them (NVIDIA's Debian versions
 # are <upstream>-<revision>, no epoch). 580 first: the lab's gpu-hopper profile pins 580;
 # 590 is there so that an unpinned install takes the newer branch, as it would from NVIDIA.
-DRIVER_VERSIONS = ("580.105.08-1", "590.44.01-1")
+# R580 twice, as NVIDIA's repository keeps a branch's releases side by side: 580.105.08, below
+# the fixes of NVIDIA's bulletins 5747, 5821 and 5861, and 580.178.04, 5861's fixed version
+# (gpuprov/nvidia/driver_advisories.py): a node pinned to the branch gets the fixed one, and
+# the vulnerable one is there to pin (nvidia_driver_version) and upgrade from.
+VULNERABLE_580, FIXED_580 = "580.105.08-1", "580.178.04-1"
+DRIVER_VERSIONS = (VULNERABLE_580, FIXED_580, "590.44.01-1")
 DISTROS = ("debian12", "debian13")
 ARCH_DIR = "x86_64"  # NVIDIA's directory name; the packages are Debian's amd64
 ARCH = "amd64"
@@ -253,10 +258,16 @@ def build_repo(out_dir: Path) -> Repo:
         for distro in DISTROS:
             arch_dir = staging / distro / ARCH_DIR
             arch_dir.mkdir(parents=True)
+            built: set[tuple[str, str]] = set()
             with tempfile.TemporaryDirectory(prefix="pkg-", dir=out_dir) as work:
                 for version in DRIVER_VERSIONS:
                     for fields, files, conffiles in packages(distro, version):
-                        pkgrepo.build_deb(fields, files, arch_dir, Path(work), conffiles)
+                        # A branch's own packages (nvidia-driver-pinning-580 580-5) come with
+                        # each of its versions: one copy, as NVIDIA's repository has.
+                        name = (fields["Package"], fields["Version"])
+                        if name not in built:
+                            built.add(name)
+                            pkgrepo.build_deb(fields, files, arch_dir, Path(work), conffiles)
             header = ["Origin: gpuprov-lab", "Label: NVIDIA CUDA (gpuprov lab SIMULATION)",
                       f"Architectures: {ARCH}"]
             pkgrepo.write_signed_index(arch_dir, header, home, fingerprint)

@@ -43,6 +43,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -91,9 +92,13 @@ LAB_OVERRIDES: dict[str, object] = {
 # The lab admin's driver choice per node OS, written as host variables: Debian 12 nodes keep
 # Debian's own drivers (470 for Kepler, 535); Debian 13 nodes take R580, NVIDIA's long-term
 # branch (to 2028), from NVIDIA's repository (the lab's mirror, cudarepo.py): Debian 13's
-# archive has 550, and unpinned, NVIDIA's repository would give its newest branch.
-LAB_DRIVER_SETTINGS: dict[str, dict[str, str]] = {
-    "debian-12": {"nvidia_driver_source": "distro"},
+# archive has 550, and unpinned, NVIDIA's repository would give its newest branch. Debian 12's
+# own 470 and 535 lack NVIDIA's later security fixes (R535.261.03 is below 535.309.01, R470
+# ended) and its archive has nothing newer: the lab's admin accepts them
+# (nvidia_driver_allow_vulnerable), so verify's driver.security warns on those nodes; the
+# Debian 13 nodes get R580's fixed version from the mirror and pass it.
+LAB_DRIVER_SETTINGS: dict[str, dict[str, Any]] = {
+    "debian-12": {"nvidia_driver_source": "distro", "nvidia_driver_allow_vulnerable": True},
     "debian-13": {"nvidia_driver_source": "nvidia", "nvidia_driver_branch": "580"},
 }
 

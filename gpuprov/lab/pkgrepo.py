@@ -56,7 +56,7 @@ TOOLKIT_DIR = Path(__file__).parent / "toolkit"
 # pin first (NVIDIA's current release, roles/nvidia_container_toolkit/defaults/main.yml), then
 # 1.17.7, which has known CVEs (gpuprov/nvidia/toolkit_advisories.py), for the tests that install an
 # old, vulnerable toolkit and expect verify to fail and site.yml to move the node to the pin.
-TOOLKIT_VERSIONS = ("1.20.0-1", "1.17.7-1")
+TOOLKIT_VERSIONS = ("1.20.1-1", "1.17.7-1")
 TOOLKIT_VERSION = TOOLKIT_VERSIONS[0]
 ARCH = "amd64"
 # Where the nodes see the repository (bind mount), and the role settings that point at it:

@@ -8,7 +8,12 @@ as fixed. Retrieved 2026-11-25. Where sources disagreed, NVIDIA's release notes 
 Tenable (plugin 214271) puts the fix of CVE-2024-0135..0137 at 1.17.1, NVIDIA at 1.17.3.
 CVE-2026-24260's fixed version and bulletin id (5850, June 2026) come from public advisories
 citing NVIDIA's bulletin (Amazon ALAS2023NVIDIA-2026-297), not from NVIDIA's release notes,
-which give no CVE line for 1.19.1.
+which give no CVE line for 1.19.1. Checked again 2026-11-26 for the pin 1.20.1 (September 2026):
+no NVIDIA bulletin names the toolkit after 5850 (NVIDIA/product-security 2026/README.md, to
+2026-08-18, and the GPU Display Driver bulletin 5861 of 2026-09-30); 1.20.1 is a bug-fix
+release (the release-1.20 backports after v1.20.0 in NVIDIA/nvidia-container-toolkit: the
+nvidia-cdi-refresh unit creates the control device nodes, X.Org module mounts, the rootfs read
+from the OCI state), so the table is unchanged.
 """
 
 from __future__ import annotations

@@ -23,8 +23,22 @@ relies on the built-in runc would lose it to the drop-in's runtimes table
 
 A version 1 config (no `version` key) is refused on containerd 2.x: 2.x moves its CRI keys
 to the old plugin name and ignores them, so no NVIDIA runtime written there takes effect
-(version 2 is fine: 2.x migrates each file to version 3 as it loads it). Likewise a version 3
-config on containerd 1.x: 1.7 refuses it, 1.6.20 loads it and ignores its CRI plugin ids.
+(version 2 is fine: 2.x migrates each file to its own version as it loads it). Likewise a
+version 3 or 4 config on containerd 1.x: 1.7 refuses it, 1.6.20 loads it and ignores its CRI
+plugin ids.
+
+Version 4 is containerd 2.3's (containerd/containerd v2.3.1, version/version.go ConfigVersion =
+4; RELEASES.md "Daemon Configuration": version 4 needs containerd >= 2.3.0). Its migration from
+3 (cmd/containerd/server/config/config.go, `migrations`: "Version 3 has server properties moved
+to plugins for version 4", serviceMigrate) moves only the top-level grpc, ttrpc, debug and
+metrics tables into plugins."io.containerd.server.v1.*" and
+plugins."io.containerd.metrics.v1.grpc-prometheus"; the CRI plugins keep version 3's ids
+(io.containerd.cri.v1.runtime). So a version 4 file is read and merged as a version 3 one, the
+drop-in is written as version 4 (2.3 refuses a drop-in of a higher version than its root:
+LoadConfig, "drop-in config version %d higher than root config version %d"), and the server
+tables, which the drop-in never names, are left where the admin put them. A version gpuprov
+does not know is refused, never read as another one: containerd itself refuses a version above
+its own (ValidateVersion), and a newer one may move the CRI tables again.
 
 Docker: daemon.json is one JSON object; runtimes.<name> (and default-runtime), features.cdi
 and the node's GPUs in node-generic-resources (Swarm) are set, every other key is kept.
@@ -55,8 +69,10 @@ CONTAINERD_CONFIG = probe_runtime.CONTAINERD_CONFIG
 NVIDIA_DROP_IN = "/etc/containerd/conf.d/99-nvidia.toml"
 RUNC_V2 = "io.containerd.runc.v2"
 
-# Where the CRI plugin keeps its runtimes, by config version (containerd 2.x: 3).
-CRI_PLUGIN_IDS = {3: "io.containerd.cri.v1.runtime", 2: "io.containerd.grpc.v1.cri", 1: "cri"}
+# Where the CRI plugin keeps its runtimes, by config version (containerd 2.0-2.2: 3; 2.3: 4,
+# whose migration from 3 leaves the CRI plugin ids alone).
+CRI_PLUGIN_IDS = {4: "io.containerd.cri.v1.runtime", 3: "io.containerd.cri.v1.runtime",
+                  2: "io.containerd.grpc.v1.cri", 1: "cri"}
 
 
 class RuntimeConfigError(ValueError):
@@ -68,6 +84,16 @@ def _loads_toml(text: str, path: str) -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise RuntimeConfigError(f"{path} is not valid TOML ({exc}); fix it first") from None
+
+
+def config_version(doc: dict, path: str) -> int:
+    """A containerd config's version as containerd reads it (the probe's rule); a version
+    gpuprov does not read is refused in one line (RuntimeConfigError), never read as another."""
+    version, problem = probe_runtime.containerd_config_version(doc)
+    if problem is not None:
+        raise RuntimeConfigError(f"{path}: {problem}; write it in one of those versions (or "
+                                 "update gpuprov), then run the role again")
+    return version
 
 
 def _glob_match(pattern: str, path: str) -> bool:
@@ -169,10 +195,10 @@ def containerd_nvidia(
     if containerd_major is None and main_text is None:
         containerd_major = 1
     main_doc = _loads_toml(main_text, main_path) if main_text is not None else {}
-    version = main_doc.get("version")
     if main_text is None:
         version = 3 if (containerd_major or 1) >= 2 else 2
-    version = version if isinstance(version, int) and version in CRI_PLUGIN_IDS else 1
+    else:
+        version = config_version(main_doc, main_path)
     if version == 1 and (containerd_major or 1) >= 2:
         # containerd 2.x's own `config migrate` drops a version 1 file's CRI keys as well,
         # hence the rename first (checked with 2.1.9).
@@ -183,11 +209,11 @@ def containerd_nvidia(
             'plugins."io.containerd.grpc.v1.cri", run `containerd config migrate > new.toml`, '
             f"review new.toml, replace {main_path} with it), then run the role again"
         )
-    if version == 3 and containerd_major == 1:
+    if version >= 3 and containerd_major == 1:
         raise RuntimeConfigError(
-            f"{main_path} is a version 3 config, which containerd 1.x does not read (1.7 "
-            "refuses to start, 1.6 ignores its CRI settings), so the NVIDIA runtime would not "
-            "take effect: write it as version 2 or upgrade containerd to 2.x, then run the "
+            f"{main_path} is a version {version} config, which containerd 1.x does not read "
+            "(1.7 refuses to start, 1.6 ignores its CRI settings), so the NVIDIA runtime would "
+            "not take effect: write it as version 2 or upgrade containerd to 2.x, then run the "
             "role again"
         )
     plugin_id = CRI_PLUGIN_IDS[version]

@@ -29,6 +29,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpuprov.nvidia import driver_advisories
 from gpuprov.stages import _task_failure
 
 FAILED = "gpuprov.io/upgrade-failed"
@@ -73,12 +74,14 @@ def _installed(probe: Mapping) -> tuple[str | None, str | None]:
     return library, loaded or None
 
 
-def plan(probe: Mapping, node: Mapping, version: Any = None, branch: Any = None) -> dict:
+def plan(probe: Mapping, node: Mapping, version: Any = None, branch: Any = None,
+         allow_vulnerable: Any = False) -> dict:
     """What the upgrade does with this node. A node is at the target when its library is the
-    pinned version (or of the branch when none is pinned) and no other kernel module is
-    loaded; it is skipped only when at the target and no earlier run left it half-done (an
-    upgrade annotation on the Node): a rerun then resumes a stopped rollout where it ended,
-    and upgrades a failed node again."""
+    pinned version (or of the branch when none is pinned, at or above the branch's security
+    floor unless nvidia_driver_allow_vulnerable: the driver role then installs the branch's
+    newest) and no other kernel module is loaded; it is skipped only when at the target and no
+    earlier run left it half-done (an upgrade annotation on the Node): a rerun then resumes a
+    stopped rollout where it ended, and upgrades a failed node again."""
     pattern = target_pattern(version)
     if pattern is None and (branch is None or str(branch).strip() in ("", "None")):
         raise UpgradeError(
@@ -91,6 +94,11 @@ def plan(probe: Mapping, node: Mapping, version: Any = None, branch: Any = None)
         at_version = fnmatch.fnmatchcase(library, pattern)
     else:
         at_version = library.startswith(f"{branch}.")
+    floor = None
+    if pattern is None and library is not None and not _truthy(allow_vulnerable):
+        found = _assess(library)
+        if found is not None and found.vulnerable:
+            at_version, floor = False, found.install
     at_target = at_version and (module is None or module == library)
     metadata = node.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
@@ -101,7 +109,8 @@ def plan(probe: Mapping, node: Mapping, version: Any = None, branch: Any = None)
     else:
         was_cordoned = bool((node.get("spec") or {}).get("unschedulable"))
     skip = at_target and not unfinished
-    target = pattern if pattern is not None else f"{branch}.x"
+    target = pattern if pattern is not None else f"{branch}.x" + (
+        f" (at least {floor}, NVIDIA's security fixes)" if floor else "")
     return {
         "installed": library,
         "module": module,
@@ -118,6 +127,17 @@ def plan(probe: Mapping, node: Mapping, version: Any = None, branch: Any = None)
             "metadata": {"annotations": dict.fromkeys(ANNOTATIONS)},
         },
     }
+
+
+def _truthy(value: Any) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on", "y")
+
+
+def _assess(library: str) -> driver_advisories.Assessment | None:
+    try:
+        return driver_advisories.assess(library)
+    except ValueError:
+        return None
 
 
 def _summary(library: str | None, module: str | None, target: str, skip: bool,

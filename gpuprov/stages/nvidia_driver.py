@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuprov.node.probe import boot as boot_probe
+from gpuprov.nvidia import driver_advisories
 from gpuprov.nvidia.driver_branches import NVIDIA, source_for
 from gpuprov.stages._node_read import (
     HOST_SETTING_VARS,
@@ -46,6 +47,9 @@ class Settings:
     open_required: bool = False  # gpu_preflight_open_kernel_modules_required
     open_supported: bool = False  # gpu_preflight_open_kernel_modules_supported
     version: str | None = None  # nvidia_driver_version
+    # nvidia_driver_allow_vulnerable: a pinned version below its branch's security floor
+    # (gpuprov/nvidia/driver_advisories.py) is installed, with a warning on every run.
+    allow_vulnerable: bool = False
     package_manager: str | None = None  # None: the role has no data for this OS
     # branch ("470", or "default" with a {branch} placeholder) -> flavour -> package names
     packages: Mapping = field(default_factory=dict)
@@ -111,6 +115,7 @@ SETTING_VARS = {
     "open_required": "gpu_preflight_open_kernel_modules_required",
     "open_supported": "gpu_preflight_open_kernel_modules_supported",
     "version": "nvidia_driver_version",
+    "allow_vulnerable": "nvidia_driver_allow_vulnerable",
     "package_manager": "__nvidia_driver_package_manager",
     "packages": "__nvidia_driver_packages",
     "extra_packages": "__nvidia_driver_extra_packages",
@@ -245,7 +250,7 @@ def plan(s: Settings) -> dict:
         "removed_files": [s.cuda_sources_path, s.cuda_keyring] if apt else [],
         "kernel_headers": kernel_headers(s),
         **_next_kernel(s),
-        "problem": setting_problem(s, branch_packages, flavour),
+        **_security(s, setting_problem(s, branch_packages, flavour)),
     }
 
 
@@ -306,7 +311,7 @@ def _cuda_apt_plan(s: Settings) -> dict:
         "removed_files": [],
         "kernel_headers": kernel_headers(s),
         **_next_kernel(s),
-        "problem": problem,
+        **_security(s, problem),
     }
 
 
@@ -334,6 +339,50 @@ def setting_problem(s: Settings, branch_packages: Mapping, flavour: str) -> str 
                 f"{s.branch}. Set a {s.branch}.x version, or pin nvidia_driver_branch to the "
                 "version's branch, or unset nvidia_driver_version.")
     return None
+
+
+def pinned_security(s: Settings) -> str | None:
+    """What NVIDIA's bulletins say against the pinned version (nvidia_driver_version), one
+    line with what to do; None when nothing is pinned, the pin is a glob, or it has every fix
+    the table gives for its branch."""
+    if s.version is None:
+        return None
+    upstream = re.sub(r"^[0-9]+:", "", s.version).split("-")[0]
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)+", upstream):
+        return None  # a glob: apt picks the version, verify's driver.security judges it
+    found = driver_advisories.assess(upstream)
+    if not found.vulnerable:
+        return None
+    return (f"{s.host}: nvidia_driver_version {s.version} is below R{found.branch}'s fixed "
+            f"version {found.install} ({found.below_text()}). Set nvidia_driver_version to "
+            f"{found.install} or newer (or unset it: the branch's newest), or set "
+            "nvidia_driver_allow_vulnerable: true to accept the risk.")
+
+
+def _security(s: Settings, problem: str | None) -> dict:
+    """The plan's problem (a pin below the security floor is one, before any change) and its
+    warning (the same, accepted by nvidia_driver_allow_vulnerable: printed on every run)."""
+    below = None if problem is not None else pinned_security(s)
+    if below is not None and s.allow_vulnerable:
+        return {"problem": None, "warning": f"{below} Accepted: nvidia_driver_allow_vulnerable."}
+    return {"problem": problem or below, "warning": None}
+
+
+def installed_security(current: str | None) -> str | None:
+    """One line when the installed driver lacks fixes NVIDIA's bulletins give for its branch
+    (the source had no newer one): the role says it on every run; verify fails on it."""
+    if not current:
+        return None
+    try:
+        found = driver_advisories.assess(current)
+    except ValueError:
+        return None
+    if not found.vulnerable:
+        return None
+    return (f"driver {current} is below R{found.branch}'s fixed version {found.install} "
+            f"({found.below_text()}): the driver source offers no fixed version; point it at "
+            "one that does (nvidia_driver_source, nvidia_driver_cuda_repo_url) or move to "
+            "another branch")
 
 
 def installed_version(the_plan: Mapping, packages: Mapping) -> str | None:
@@ -396,6 +445,7 @@ def work(the_plan: Mapping, state: Mapping, *, host: str, hold: bool = True,
                           and not unselected),
         "installed_problem": installed_problem(the_plan, packages, current, host=host,
                                                forbidden=forbidden, check_mode=check_mode),
+        "security_warning": None if check_mode else installed_security(current),
         "reboot_required": reboot_required(state, current),
         "next_kernel": next_kernel_work(the_plan, state, current),
     }

@@ -45,6 +45,8 @@ class Verdict:
     status: str  # pass | problem | skip | error
     message: str
     details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # A problem's severity where it is not the check's: "warning" for one the admin accepted.
+    severity: str | None = None
 
 
 def passed(message: str, **details: Any) -> Verdict:
@@ -53,6 +55,12 @@ def passed(message: str, **details: Any) -> Verdict:
 
 def problem(message: str, **details: Any) -> Verdict:
     return Verdict("problem", message, details)
+
+
+def warned(message: str, **details: Any) -> Verdict:
+    """A problem reported as a warning whatever the check's severity (one the admin accepted
+    in the inventory: the check says which setting)."""
+    return Verdict("problem", message, details, severity="warning")
 
 
 def skipped(message: str, **details: Any) -> Verdict:
@@ -76,7 +84,7 @@ class Check:
     def finding(self, node: str, verdict: Verdict) -> Finding:
         status = verdict.status
         if status == "problem":
-            status = FAIL if self.severity == "error" else WARN
+            status = FAIL if (verdict.severity or self.severity) == "error" else WARN
         return Finding(
             check=self.id,
             node=node,

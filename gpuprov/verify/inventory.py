@@ -30,6 +30,9 @@ SWARM_GROUP = "docker_swarm"
 # The variables verify reads besides the connection ones, and who defines them.
 BRANCH_VAR = "nvidia_driver_branch"  # nvidia_driver role; gpu_preflight honours the pin
 SOURCE_VAR = "nvidia_driver_source"  # nvidia_driver role: distro or nvidia (branch choice)
+# nvidia_driver role: the admin accepts a driver below its branch's security floor
+# (driver.security warns instead of failing).
+ALLOW_VULNERABLE_VAR = "nvidia_driver_allow_vulnerable"
 KUBECONFIG_VAR = "k8s_kubeconfig"  # the lab inventory and the roles that call the API
 SERIES_KEY_VAR = "gpu_node_labels_series_key"  # gpu_node_labels role
 NODE_NAME_VAR = "gpu_node_labels_node_name"  # gpu_node_labels role: the Kubernetes node name
@@ -53,7 +56,8 @@ DEFAULT_SERIES_KEY = "gputype"
 
 # The settings among them (not how to connect): what --host-vars and -e may set.
 SETTING_VARS = (
-    BRANCH_VAR, SOURCE_VAR, KUBECONFIG_VAR, SERIES_KEY_VAR, NODE_NAME_VAR, SMOKE_IMAGE_VAR,
+    BRANCH_VAR, SOURCE_VAR, ALLOW_VULNERABLE_VAR, KUBECONFIG_VAR, SERIES_KEY_VAR, NODE_NAME_VAR,
+    SMOKE_IMAGE_VAR,
     TOOLKIT_MODE_VAR, TOOLKIT_RUNTIME_VAR, *MIG_STRATEGY_VARS, MIG_CONFIG_VAR, MIG_CONFIGS_VAR,
     SWARM_VAR, SWARM_KIND_VAR,
 )
@@ -63,7 +67,8 @@ _VARS = (
     "ansible_ssh_user", "ansible_ssh_private_key_file", "ansible_private_key_file",
     "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_connection",
     "ansible_host_key_checking", "ansible_ssh_host_key_checking", "ansible_become",
-    "ansible_become_user", BRANCH_VAR, SOURCE_VAR, KUBECONFIG_VAR, SERIES_KEY_VAR,
+    "ansible_become_user", BRANCH_VAR, SOURCE_VAR, ALLOW_VULNERABLE_VAR, KUBECONFIG_VAR,
+    SERIES_KEY_VAR,
     NODE_NAME_VAR, SMOKE_IMAGE_VAR, TOOLKIT_MODE_VAR, TOOLKIT_RUNTIME_VAR, *MIG_STRATEGY_VARS,
     MIG_CONFIG_VAR, MIG_CONFIGS_VAR, SWARM_VAR, SWARM_KIND_VAR,
 )
@@ -76,6 +81,7 @@ class Node:
     gpu_expected: bool  # in gpu_nodes: a node without GPUs on PCI is a failure
     driver_branch_pin: str | None = None
     driver_source: str | None = None  # None: the OS's default (driver_branches.DEFAULT_SOURCE)
+    driver_allow_vulnerable: bool = False
     become: bool = False
     kubeconfig: str | None = None
     series_key: str = DEFAULT_SERIES_KEY
@@ -140,6 +146,7 @@ def node_from_vars(name: str, groups: set[str], hostvars: dict[str, Any],
         "gpu_expected": GPU_GROUP in groups,
         "driver_branch_pin": _text(hostvars.get(BRANCH_VAR)),
         "driver_source": _text(hostvars.get(SOURCE_VAR)),
+        "driver_allow_vulnerable": bool(_truth(hostvars.get(ALLOW_VULNERABLE_VAR))),
         "become": bool(_truth(hostvars.get("ansible_become"))),
         "kubeconfig": _text(hostvars.get(KUBECONFIG_VAR)),
         "series_key": _text(hostvars.get(SERIES_KEY_VAR)) or DEFAULT_SERIES_KEY,

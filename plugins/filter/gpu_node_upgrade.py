@@ -25,12 +25,14 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpuprov.cluster.plugins.plugin_utils import gpuprov_support as support
 
 
-def gpuprov_upgrade_plan(probe: Any, node: Any, version: Any = None, branch: Any = None) -> dict:
+def gpuprov_upgrade_plan(probe: Any, node: Any, version: Any = None, branch: Any = None,
+                         allow_vulnerable: Any = False) -> dict:
     name = "gpuprov_upgrade_plan"
     probe = support.mapping(probe, name, "the node's probe report (gpu_preflight_probe)")
     node = support.mapping(node, name, "the Node object (k8s_info's resources[0])")
     upgrade = support.stage("gpu_node_upgrade")
-    return support.reported(name, lambda: upgrade.plan(probe, node, version, branch),
+    return support.reported(name, lambda: upgrade.plan(probe, node, version, branch,
+                                                           allow_vulnerable),
                             (upgrade.UpgradeError,))
 
 

@@ -35,7 +35,7 @@ def test_gpu_node_runs_nvidia_runtime_from_the_local_repository(toolkit_runs, la
                                                                 node_connection, name):
     conn = node_connection(name)
     run = lambda cmd: conn.run(cmd, hide=True, in_stream=False).stdout  # noqa: E731
-    assert run("nvidia-ctk --version").startswith("NVIDIA Container Toolkit CLI version 1.20.0")
+    assert run("nvidia-ctk --version").startswith("NVIDIA Container Toolkit CLI version 1.20.1")
     assert "file:/srv/gpuprov-lab-repo/stable/deb/amd64" in run(
         "apt-cache policy nvidia-container-toolkit"
     )

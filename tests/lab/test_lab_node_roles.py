@@ -379,7 +379,7 @@ def test_every_node_has_its_hostname_label_and_gpus_as_capacity(converged, lab):
 
 
 # Written out, not read from the role's defaults: a wrong image or name there fails.
-PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"
+PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.20.1"
 
 
 def test_the_device_plugin_daemonset(converged, lab):

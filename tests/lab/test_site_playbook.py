@@ -156,13 +156,14 @@ def test_gpu_hopper_runs_debian_13_with_r580_from_nvidias_repository(first_run,
     sources = run("cat /etc/apt/sources.list.d/gpuprov-nvidia-cuda.sources")
     assert "URIs: file:/srv/gpuprov-lab-cuda/debian13/x86_64/" in sources
     assert "Signed-By: /etc/apt/keyrings/gpuprov-nvidia-cuda.asc" in sources
-    # The repository offers 590 too: the version-lock package keeps apt on 580.
+    # The repository offers 590 too: the version-lock package keeps apt on 580, and of R580's
+    # two versions the newest, the one with bulletin 5861's fixes (not 580.105.08 beside it).
     policy = run("apt-cache policy nvidia-driver-cuda")
-    assert "590.44.01-1" in policy and "Candidate: 580.105.08-1" in policy, policy
-    assert "Installed: 580.105.08-1" in policy
+    assert "590.44.01-1" in policy and "580.105.08-1" in policy, policy
+    assert "Candidate: 580.178.04-1" in policy and "Installed: 580.178.04-1" in policy, policy
     # The simulated NVML reports the driver that got installed (the node started at 550).
     smi = run("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
-    assert smi.split() == ["580.105.08"] * 8
+    assert smi.split() == ["580.178.04"] * 8
 
 
 # How each node's containers get GPUs (nvidia_container_toolkit_mode: auto): native CDI where
@@ -199,7 +200,7 @@ def test_each_node_runs_the_mode_of_its_containerd(first_run, node_connection, l
     assert spec["kind"] == "nvidia.com/gpu"
     assert names == [str(i) for i in range(len(uuids))] + uuids + ["all"]
     mounts = [m["hostPath"] for m in spec["containerEdits"]["mounts"]]
-    assert "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.105.08" in mounts
+    assert "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.178.04" in mounts
     assert conn.run("test -e /etc/cdi/nvidia.yaml", warn=True, hide=True,
                     in_stream=False).failed  # no second spec
 

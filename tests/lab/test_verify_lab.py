@@ -31,7 +31,10 @@ EOL = "driver.branch-eol"
 NEXT_BOOT = "driver.next-boot"
 # gpu.mig skips on the GPUs without MIG (K80, P100) and passes on gpu-hopper's H100s.
 MIG = "gpu.mig"
-EVERY_CHECK = set(CHECKS) - {"pods.cuda-compat", EOL, NEXT_BOOT, MIG}  # cuda-compat: --image
+# driver.security warns on Debian 12's 470 and 535 (accepted by the lab's inventory:
+# nvidia_driver_allow_vulnerable) and passes on gpu-hopper's fixed R580: checked on its own.
+SECURITY = "driver.security"
+EVERY_CHECK = set(CHECKS) - {"pods.cuda-compat", EOL, NEXT_BOOT, MIG, SECURITY}  # --image
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +119,18 @@ def test_healthy_lab_passes_every_check_on_every_gpu_node(verify, core):
         "R580" in eol["gpu-pascal"]["message"]
     ending = driver_lifecycle.eol_note(580, datetime.date.today())
     assert eol["gpu-hopper"]["status"] == ("warn" if ending else "pass"), eol["gpu-hopper"]
+    security = {r["node"]: r for r in doc["results"] if r["check"] == SECURITY}
+    assert security["gpu-hopper"]["status"] == "pass", security["gpu-hopper"]
+    assert security["gpu-hopper"]["message"].startswith(
+        "driver 580.178.04 has every fix for R580 (newest: bulletin 5861")
+    assert security["gpu-pascal"]["status"] == "warn"
+    assert security["gpu-pascal"]["message"].startswith(
+        "driver 535.261.03 is below R535's fixed version 535.309.01")
+    assert security["gpu-pascal"]["message"].endswith(
+        "(accepted: nvidia_driver_allow_vulnerable)")
+    assert security["gpu-kepler"]["status"] == "warn"
+    assert security["gpu-kepler"]["message"].startswith(
+        "driver 470.256.02: R470 gets no fixes from bulletin 5586")
     mig = {r["node"]: r for r in doc["results"] if r["check"] == MIG}
     assert mig["gpu-hopper"]["status"] == "pass" and mig["gpu-hopper"]["message"] == \
         "0 of 8 MIG-capable GPU(s) in MIG mode, 0 MIG device(s), no mode change pending"

@@ -15,6 +15,21 @@ def only_hw_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "COMMAND_MODULES", ("hw",))
 
 
+# A pci.ids excerpt in the file's own format (the real file is tested in test_hardware).
+PCI_IDS = "10de  NVIDIA Corporation\n\t2336  GH100 [H100]\n10df  Emulex Corporation\n"
+
+
+@pytest.fixture(autouse=True)
+def system_pci_ids(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """The machine's pci.ids, as hw looks for it: two paths, none there unless a test writes
+    the second (whatever the machine running the tests has)."""
+    from gpuprov.commands import hw
+
+    paths = (tmp_path / "misc" / "pci.ids", tmp_path / "hwdata" / "pci.ids")
+    monkeypatch.setattr(hw, "SYSTEM_PCI_IDS", tuple(map(str, paths)))
+    return paths
+
+
 def test_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["hw", "classify", "--pci-id", "10de:15f8", "--pci-id", "0x2330"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -31,7 +46,7 @@ def test_json(capsys: pytest.CaptureFixture[str]) -> None:
         "pci_id": "10de:102d", "name": "Tesla K80", "architecture": "kepler",
         "compute_capability": "3.7", "min_branch": 390, "max_branch": 470,
         "recommended_branch": 470, "open_kernel_modules": False, "status": "supported",
-        "series": "k80", "source": "table", "chip_name": None,
+        "series": "k80", "source": "table", "chip_name": None, "pci_ids_file": None,
     }]
 
 
@@ -89,7 +104,8 @@ def test_choose_prints_the_preflights_branch(capsys, argv, branch, open_modules)
 
     rc, doc, _ = _choose(capsys, *argv, "--json")
     assert rc == 0
-    assert set(doc) == {"ok", "branch", "open_kernel_modules", "packages", "reason", "notes"}
+    assert set(doc) == {"ok", "branch", "open_kernel_modules", "packages", "reason", "notes",
+                        "minimum_version", "security", "pci_ids_file"}
     assert (doc["ok"], doc["branch"], doc["open_kernel_modules"]) == (True, branch, open_modules)
     os_id, version = argv[1].rsplit("-", 1)
     source = argv[argv.index("--source") + 1] if "--source" in argv else None
@@ -127,10 +143,8 @@ def test_choose_notes_a_branch_past_nvidias_end_of_life(capsys):
 
 
 def test_choose_classifies_a_gpu_the_table_lacks_from_a_pci_ids_file(capsys, tmp_path):
-    # A pci.ids excerpt in the file's own format (the real file is tested in test_hardware).
     ids = tmp_path / "pci.ids"
-    ids.write_text("10de  NVIDIA Corporation\n\t2336  GH100 [H100]\n"
-                   "10df  Emulex Corporation\n")
+    ids.write_text(PCI_IDS)
     rc, doc, err = _choose(capsys, "--os", "debian-13", "--source", "nvidia", "--pci-id",
                            "10de:2336", "--pci-ids", str(ids), "--json")
     assert rc == 0 and doc["ok"] is True and doc["open_kernel_modules"] is True
@@ -140,3 +154,51 @@ def test_choose_classifies_a_gpu_the_table_lacks_from_a_pci_ids_file(capsys, tmp
     assert rc == 2 and "--pci-ids" in err and err.count("\n") == 1
     assert cli.main(["hw", "classify", "--pci-id", "10de:2336", "--pci-ids", str(ids)]) == 0
     assert "warning: 10de:2336 (GH100 [H100])" in capsys.readouterr().err
+
+
+def test_classify_reads_the_machines_pci_ids_by_default(capsys, system_pci_ids):
+    system = system_pci_ids[1]  # /usr/share/hwdata/pci.ids (RHEL's place)
+    system.parent.mkdir()
+    system.write_text(PCI_IDS)
+    assert cli.main(["hw", "classify", "--pci-id", "10de:2336"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1].split()[:3] == ["10de:2336", "H100", "hopper"]
+    assert out.splitlines()[-1] == f"pci.ids: {system}"
+    assert "warning: 10de:2336 (GH100 [H100])" in err
+    assert cli.main(["hw", "classify", "--pci-id", "10de:2336", "--json"]) == 0
+    (doc,) = json.loads(capsys.readouterr().out)
+    assert (doc["status"], doc["source"], doc["pci_ids_file"]) == ("supported", "pci.ids",
+                                                                   str(system))
+
+
+def test_classify_without_a_system_pci_ids_says_so(capsys):
+    assert cli.main(["hw", "classify", "--pci-id", "10de:2336"]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1].split()[:2] == ["10de:2336", "unknown"]
+    assert out.splitlines()[-1].startswith("pci.ids: none (no ")
+    assert "--pci-ids FILE" in out.splitlines()[-1]
+
+
+def test_pci_ids_overrides_the_machines(capsys, system_pci_ids, tmp_path):
+    system_pci_ids[0].parent.mkdir()
+    system_pci_ids[0].write_text("10de  NVIDIA Corporation\n")  # no 2336 in it
+    assert cli.main(["hw", "classify", "--pci-id", "10de:2336"]) == 1
+    capsys.readouterr()
+    given = tmp_path / "given.ids"
+    given.write_text(PCI_IDS)
+    rc, doc, _ = _choose(capsys, "--os", "debian-13", "--source", "nvidia", "--pci-id",
+                         "10de:2336", "--pci-ids", str(given), "--json")
+    assert rc == 0 and doc["pci_ids_file"] == str(given)
+
+
+def test_choose_names_the_branchs_security_floor(capsys):
+    rc, doc, _ = _choose(capsys, "--os", "debian-13", "--source", "nvidia", "--pci-id",
+                         "10de:2330", "--pin", "580", "--json")
+    assert rc == 0 and doc["minimum_version"] == "580.178.04"
+    assert doc["security"]["bulletin"] == 5861 and doc["security"]["missed"] == []
+    # Debian 12's archive: R535, whose last fixes (5821) the archive's 535.261.03 lacks, and
+    # which no later bulletin lists.
+    rc, out, _ = _choose(capsys, "--os", "debian-12", "--pci-id", "10de:15f8")
+    assert "security: install 535.309.01 or newer (R535's fixes up to NVIDIA bulletin 5821, " \
+           "2026-05-19)" in out
+    assert "security: R535 gets no fixes from NVIDIA bulletin 5861 (2026-09-30)" in out

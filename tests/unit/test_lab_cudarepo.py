@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(
     reason="needs dpkg-dev, gnupg and apt (scripts/install-system-deps.sh)",
 )
 
-OLD, NEW = "580.105.08-1", "590.44.01-1"
+# R580 twice: below bulletin 5861's fix (OLD) and at it (FIXED); then the next branch (NEW).
+OLD, FIXED, NEW = "580.105.08-1", "580.178.04-1", "590.44.01-1"
 DRIVER = ("nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-persistenced")
 
 
@@ -194,16 +195,24 @@ def test_apt_takes_the_newest_branch_unless_a_pinning_package_is_installed(repo,
     assert apt.install(*DRIVER) == dict.fromkeys(driver, NEW)
     # NVIDIA's quirk: cuda-drivers-580 has lower bounds only and so pulls in 590.
     unpinned = apt.install("cuda-drivers-580")
-    assert unpinned.pop("cuda-drivers-580") == OLD
+    assert unpinned.pop("cuda-drivers-580") == FIXED
     assert set(unpinned.values()) == {NEW}
 
     # First transaction: the pinning package (apt resolves a transaction before its pin
     # exists, so NVIDIA's guide installs it first).
     assert apt.install("nvidia-driver-pinning-580") == {"nvidia-driver-pinning-580": "580-5"}
     apt.pin_with(repo.arch_dir(distro) / "nvidia-driver-pinning-580_580-5_all.deb")
-    assert apt.install(*DRIVER) == dict.fromkeys(driver, OLD)
+    # The branch's newest: the fixed R580, not the vulnerable one beside it.
+    assert apt.install(*DRIVER) == dict.fromkeys(driver, FIXED)
     pinned = apt.install("cuda-drivers-580")
-    assert set(pinned.values()) == {OLD}
+    assert set(pinned.values()) == {FIXED}
+
+
+def test_the_vulnerable_r580_is_there_to_pin(repo, tmp_path):
+    apt = Apt(repo, "debian13", tmp_path)
+    arch = repo.arch_dir("debian13")
+    apt.pin_with(arch / "nvidia-driver-pinning-580.105.08_580.105.08-1_all.deb")
+    assert set(apt.install(*DRIVER).values()) == {OLD}
 
 
 def test_a_version_pin_holds_the_exact_version(repo, tmp_path):

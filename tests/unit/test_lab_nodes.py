@@ -48,5 +48,6 @@ def test_every_os_has_its_own_image_and_driver_settings():
     assert {p.os for p in profiles.NODE_PROFILES.values()} <= set(image.NODE_OSES)
     # The roles' names for the settings the lab writes.
     for settings in LAB_DRIVER_SETTINGS.values():
-        assert set(settings) <= {"nvidia_driver_source", "nvidia_driver_branch"}
+        assert set(settings) <= {"nvidia_driver_source", "nvidia_driver_branch",
+                                 "nvidia_driver_allow_vulnerable"}
         assert settings["nvidia_driver_source"] in ("distro", "nvidia")

@@ -29,18 +29,18 @@ def test_repository_has_nvidias_layout_and_packages(repo):
     arch = repo.root / "stable" / "deb" / "amd64"
     names = sorted(p.name for p in arch.iterdir())
     assert names == ["InRelease", "Packages", "Packages.gz", "Release", "Release.gpg"] + sorted(
-        f"{name}_{version}_amd64.deb" for version in ("1.17.7-1", "1.20.0-1")
+        f"{name}_{version}_amd64.deb" for version in ("1.17.7-1", "1.20.1-1")
         for name in ("libnvidia-container-tools", "libnvidia-container1",
                      "nvidia-container-toolkit-base", "nvidia-container-toolkit"))
     text = (arch / "Packages").read_text()
     stanzas = {(s.split("\n", 1)[0].split(": ")[1],
                 next(line for line in s.splitlines() if line.startswith("Version: "))[9:]): s
                for s in text.split("\n\n") if s}
-    for version in ("1.17.7-1", "1.20.0-1"):
+    for version in ("1.17.7-1", "1.20.1-1"):
         toolkit = stanzas[("nvidia-container-toolkit", version)]
         assert f"Depends: nvidia-container-toolkit-base (= {version})" in toolkit
     contents = subprocess.run(
-        ["dpkg-deb", "--contents", str(arch / "nvidia-container-toolkit-base_1.20.0-1_amd64.deb")],
+        ["dpkg-deb", "--contents", str(arch / "nvidia-container-toolkit-base_1.20.1-1_amd64.deb")],
         capture_output=True, text=True, check=True,
     ).stdout
     assert "-rwxr-xr-x root/root" in contents and "./usr/bin/nvidia-ctk" in contents

@@ -51,7 +51,7 @@ def test_defaults_give_runtime_class_configs_and_daemonset():
     assert ds["metadata"]["namespace"] == "kube-system"
     pod = ds["spec"]["template"]["spec"]
     container = plugin_container(pod)
-    assert container["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"
+    assert container["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.20.1"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["runtimeClassName"] == "nvidia"

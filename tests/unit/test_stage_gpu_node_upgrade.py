@@ -93,11 +93,30 @@ def test_a_version_glob_is_matched_as_apt_would(upgrade):
 def test_without_a_pinned_version_any_version_of_the_branch_is_the_target(upgrade):
     report = _probe()
     branch = int(_installed(report).split(".")[0])
-    plan = upgrade.plan(report, _node(), None, branch)
+    # Debian 12's own 535.261.03 lacks NVIDIA's later fixes: accepted, as the lab accepts it.
+    plan = upgrade.plan(report, _node(), None, branch, "true")
     assert plan["skip"] and plan["target"] == f"{branch}.x"
     assert not upgrade.plan(report, _node(), "", branch + 15)["at_target"]
     # A branch that only starts with the same digits is another branch.
     assert not upgrade.plan(report, _node(), None, branch // 10)["at_target"]
+
+
+@pytest.mark.parametrize(("installed", "skip", "target"), [
+    ("580.105.08", False, "580.x (at least 580.178.04, NVIDIA's security fixes)"),
+    ("580.178.04", True, "580.x"),
+    # An ended branch at its last fix: no floor to move to, nothing to upgrade.
+    ("550.163.01", True, "550.x"),
+])
+def test_without_a_pin_a_driver_below_the_security_floor_is_upgraded(upgrade, installed, skip,
+                                                                     target):
+    report = _probe()
+    report["nvml"]["library"]["version"] = report["nvml"]["driver_version"] = installed
+    report["kernel_module"]["version"] = installed
+    branch = int(installed.split(".")[0])
+    plan = upgrade.plan(report, _node(), None, branch)
+    assert (plan["skip"], plan["target"]) == (skip, target), plan["summary"]
+    # Accepted (nvidia_driver_allow_vulnerable): any version of the branch is the target.
+    assert upgrade.plan(report, _node(), None, branch, True)["skip"]
 
 
 def test_a_loaded_kernel_module_of_another_version_is_not_done(upgrade):

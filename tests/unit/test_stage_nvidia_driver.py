@@ -47,7 +47,8 @@ def driver(ansible_plugin):
 
 
 def test_debian_535_proprietary_by_default_pinned_with_apt_syntax(driver):
-    plan = driver.gpuprov_driver_plan(_settings(version="535.261.03-1"))
+    # Debian 12's archive has no R535 with NVIDIA's later fixes: the pin is accepted.
+    plan = driver.gpuprov_driver_plan(_settings(version="535.261.03-1", allow_vulnerable=True))
     assert plan["flavour"] == "proprietary" and plan["problem"] is None
     assert plan["driver_packages"][0] == "nvidia-kernel-dkms"
     assert plan["install_names"] == [f"{n}=535.261.03-1" for n in plan["driver_packages"]] + [
@@ -117,11 +118,51 @@ def test_a_converged_node_leaves_no_work(driver):
     work = driver.gpuprov_driver_work(state, plan, host="gpu-a",
                                       headers=["linux-headers-6.1.0-41-amd64"],
                                       package_manager="apt", apt_sources=None)
+    security = work.pop("security_warning")
     assert work == {"installed_version": "535.261.03", "apt_sources_current": True,
                     "repo_pending": False, "apt_work": [], "install_names": plan["install_names"],
                     "removed_packages": [], "stale_files": [],
                     "unselected": [], "apt_converged": True,
                     "installed_problem": None, "reboot_required": False, "next_kernel": None}
+    # Debian 12's own 535.261.03 lacks the fixes of bulletins 5703, 5747 and 5821: said on
+    # every run (changing nothing).
+    assert security.startswith("driver 535.261.03 is below R535's fixed version 535.309.01 "
+                               "(bulletin 5703 (2025-10-09, high 7.0: CVE-2025-23280")
+    assert "the driver source offers no fixed version" in security
+
+
+def test_the_newest_fixed_driver_needs_no_security_warning(driver):
+    plan = driver.gpuprov_driver_plan(_cuda_settings())
+    state = _state(**{n: ("580.178.04-1", False) for n in plan["driver_packages"]})
+    work = driver.gpuprov_driver_work(state, plan, host="gpu-a", package_manager="apt")
+    assert work["installed_version"] == "580.178.04" and work["security_warning"] is None
+
+
+@pytest.mark.parametrize("version", ["580.105.08-1", "580.105.08", "580.159.03-1"])
+def test_a_pin_below_the_security_floor_is_refused_before_any_change(driver, version):
+    plan = driver.gpuprov_driver_plan(_cuda_settings(version=version))
+    assert plan["problem"].startswith(f"gpu-a: nvidia_driver_version {version} is below "
+                                      "R580's fixed version 580.178.04 (bulletin ")
+    assert "CVE-2026-47501" in plan["problem"]
+    assert plan["problem"].endswith("Set nvidia_driver_version to 580.178.04 or newer (or unset "
+                                    "it: the branch's newest), or set "
+                                    "nvidia_driver_allow_vulnerable: true to accept the risk.")
+    assert plan["warning"] is None
+
+
+def test_a_pin_below_the_floor_accepted_warns_on_every_run(driver):
+    plan = driver.gpuprov_driver_plan(_cuda_settings(version="580.105.08-1",
+                                                     allow_vulnerable="true"))
+    assert plan["problem"] is None
+    assert plan["warning"].startswith("gpu-a: nvidia_driver_version 580.105.08-1 is below")
+    assert plan["warning"].endswith("Accepted: nvidia_driver_allow_vulnerable.")
+
+
+@pytest.mark.parametrize("version", [None, "580.178.04-1", "580.178.*", "595.91.07"])
+def test_no_pin_a_fixed_pin_or_a_glob_is_not_refused(driver, version):
+    branch = (version or "580").split(".")[0]
+    plan = driver.gpuprov_driver_plan(_cuda_settings(version=version, branch=branch))
+    assert (plan["problem"], plan["warning"]) == (None, None)
 
 
 def test_check_mode_with_the_repository_not_added_yet_leaves_the_packages_pending(driver):
@@ -236,14 +277,14 @@ def test_nvidias_repository_on_debian_13_locks_the_branch_instead_of_holding(dri
 
 def test_nvidias_repository_with_a_version_and_open_modules_on_arm(driver):
     plan = driver.gpuprov_driver_plan(_cuda_settings(
-        "Debian_12", version="580.105.08-1", kernel_modules="open", open_supported=True,
+        "Debian_12", version="580.178.04-1", kernel_modules="open", open_supported=True,
         arch="aarch64", cuda_repo_url="http://mirror.example/cuda/{distro}/{arch}",
         cuda_repo_key_url="http://mirror.example/keys/{distro}-{key}"))
     assert plan["problem"] is None
     assert plan["cuda_repo_url"] == "http://mirror.example/cuda/debian12/sbsa"
     assert plan["cuda_repo_key_url"] == "http://mirror.example/keys/debian12-3bf863cc.pub"
-    assert plan["pin_package"] == "nvidia-driver-pinning-580.105.08"
-    assert plan["install_names"][1] == "nvidia-kernel-open-dkms=580.105.08-1"
+    assert plan["pin_package"] == "nvidia-driver-pinning-580.178.04"
+    assert plan["install_names"][1] == "nvidia-kernel-open-dkms=580.178.04-1"
 
 
 def test_the_lock_package_and_the_branch_are_work_holds_are_released(driver):

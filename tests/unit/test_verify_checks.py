@@ -28,18 +28,20 @@ def report(name: str) -> dict:
     return json.loads((PROBES / f"{name}.json").read_text())
 
 
-def node(name: str, pin: str | None = None) -> Node:
+def node(name: str, pin: str | None = None, allow_vulnerable: bool = True) -> Node:
+    # The recorded nodes run Debian 12's own 470 and 535, below or past NVIDIA's security
+    # fixes: accepted (nvidia_driver_allow_vulnerable), as the lab's inventory accepts them.
     return Node(name=name, target=None, gpu_expected=name.startswith("gpu-"),
-                driver_branch_pin=pin)
+                driver_branch_pin=pin, driver_allow_vulnerable=allow_vulnerable)
 
 
 def facts(name: str, mutate: Callable[[dict], None] | None = None, pin: str | None = None,
-          fleet: dict[str, dict] | None = None) -> NodeFacts:
+          fleet: dict[str, dict] | None = None, allow_vulnerable: bool = True) -> NodeFacts:
     doc = report(name)
     if mutate:
         mutate(doc)
     members = {n: NodeFacts(node(n), r) for n, r in (fleet or {}).items()}
-    own = NodeFacts(node(name, pin), doc)
+    own = NodeFacts(node(name, pin, allow_vulnerable), doc)
     members[name] = own
     return NodeFacts(own.node, doc, members)
 
@@ -53,10 +55,12 @@ def test_healthy_gpu_node_passes_every_node_check(name):
     results = [ProbeResult(node(n), report(n)) for n in (*GPU_NODES, "cpu-only")]
     findings = [f for f in node_findings(results, NODE_CHECKS) if f.node == name]
     # The recorded nodes run Debian 12's 470 and 535, both past NVIDIA's end of life on the
-    # unit tests' day (tests/unit/conftest.py): a warning, the only one.
+    # unit tests' day (tests/unit/conftest.py) and without NVIDIA's later security fixes
+    # (accepted): warnings, the only ones.
     # gpu.mig: only the H100s have MIG (off, nothing pending); the others skip.
     assert {f.check: f.status for f in findings} == {
         **{c.id: PASS for c in NODE_CHECKS}, "driver.branch-eol": WARN,
+        "driver.security": WARN,
         "gpu.mig": PASS if name == "gpu-hopper" else SKIP}
 
 
@@ -91,6 +95,59 @@ def test_branch_eol(monkeypatch, name, version, day, status, words):
     finding = run("driver.branch-eol", facts(name, _driver(version) if version else None))
     assert finding.status == status and words in finding.message, finding.message
     assert (finding.remediation is not None) == (status == WARN)
+
+
+@pytest.mark.parametrize(("name", "version", "allow", "status", "words"), [
+    # Below the floor: fails naming the bulletins, their CVEs and the version to install.
+    ("gpu-hopper", "580.105.08", False, FAIL,
+     "driver 580.105.08 is below R580's fixed version 580.178.04: bulletin 5747 (2026-01-28, "
+     "high 7.8: CVE-2025-33219, CVE-2025-33220); bulletin 5821"),
+    ("gpu-hopper", "580.105.08", False, FAIL, "CVE-2026-47501 and others); install 580.178.04 "
+                                              "or newer"),
+    ("gpu-hopper", "580.159.03", False, FAIL, "bulletin 5861 (2026-09-30"),
+    # At the floor, and above it.
+    ("gpu-hopper", "580.178.04", False, PASS,
+     "driver 580.178.04 has every fix for R580 (newest: bulletin 5861, 2026-09-30, fixed in "
+     "580.178.04)"),
+    ("gpu-hopper", "595.91.07", False, PASS, "has every fix for R595"),
+    # Debian 12's R535: below 5703/5747/5821's fixes, and R535 ended (5861 does not list it).
+    ("gpu-pascal", None, False, FAIL, "driver 535.261.03 is below R535's fixed version "
+                                      "535.309.01"),
+    ("gpu-pascal", None, False, FAIL, "R535 gets no fixes from bulletin 5861: move to "
+                                      "R580 580.178.04"),
+    # Accepted by the admin: a warning that says so.
+    ("gpu-pascal", None, True, WARN, "(accepted: nvidia_driver_allow_vulnerable)"),
+    # An ended branch at its last fix: no floor invented, the bulletins it misses named.
+    ("gpu-kepler", None, False, WARN, "driver 470.256.02: R470 gets no fixes from bulletin "
+                                      "5586 (2024-10-22: CVE-2024-0126; fixed in R535 "
+                                      "535.216.01, R550 550.127.05)"),
+    ("gpu-hopper", "550.163.01", False, WARN, "R550 gets no fixes from bulletin 5670"),
+    # Only branches that drive the GPUs are offered: Kepler's K80s stop at R470.
+    ("gpu-kepler", None, False, WARN, "fixed in R580 580.178.04, R595 595.91.07, R610 610.57.04, "
+                                      "R615 615.71.09); move to no branch NVIDIA still fixes "
+                                      "drives these GPUs"),
+    ("gpu-hopper", "550.163.01", False, WARN, "move to R580 580.178.04, R595 595.91.07"),
+    # A branch no bulletin lists yet.
+    ("gpu-hopper", "620.10.01", False, PASS, "no NVIDIA bulletin since 2024 lists R620"),
+])
+def test_driver_security(name, version, allow, status, words):
+    finding = run("driver.security", facts(name, _driver(version) if version else None,
+                                           allow_vulnerable=allow))
+    assert finding.status == status and words in finding.message, finding.message
+    assert (finding.remediation is not None) == (status != PASS)
+
+
+def test_driver_security_offers_only_branches_that_drive_the_gpus():
+    # Pascal's last branch is R580 (hardware.py): R595, which 5861 also fixes, is not offered.
+    finding = run("driver.security", facts("gpu-pascal", allow_vulnerable=False))
+    assert finding.message.endswith("move to R580 580.178.04"), finding.message
+
+
+def test_driver_security_skips_without_a_driver():
+    def no_driver(doc: dict) -> None:
+        doc["nvml"] = {"available": False, "error": {"name": "NVML_ERROR_LIBRARY_NOT_FOUND"}}
+        doc["kernel_module"] = {}
+    assert run("driver.security", facts("gpu-hopper", no_driver)).status == SKIP
 
 
 def test_cpu_only_node_skips_gpu_checks_and_passes_the_rest():

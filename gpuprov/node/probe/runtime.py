@@ -19,10 +19,18 @@ from .fs import Root
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 # Where the CRI runtimes table lives, per containerd config version.
 CONTAINERD_CRI_TABLES = (
-    ("plugins", "io.containerd.cri.v1.runtime", "containerd"),  # version 3 (containerd 2.x)
+    # version 3 (containerd 2.0-2.2) and 4 (2.3: its migration from 3 moves only the server
+    # settings, containerd/containerd v2.3.1 cmd/containerd/server/config/config.go)
+    ("plugins", "io.containerd.cri.v1.runtime", "containerd"),
     ("plugins", "io.containerd.grpc.v1.cri", "containerd"),  # version 2
     ("plugins", "cri", "containerd"),  # version 1 (no version key)
 )
+# The config versions gpuprov reads -> their CRI table above; and which containerd reads
+# which (containerd/containerd v2.3.1 RELEASES.md, "Daemon Configuration": 1 from v1.0.0, 2
+# from v1.3.0, 3 from v2.0.0, 4 from v2.3.0; containerd 2.x no longer reads 1's CRI keys).
+CONTAINERD_CONFIG_VERSIONS = {4: 0, 3: 0, 2: 1, 1: 2}
+CONTAINERD_VERSIONS_READ = ("1 and 2 (containerd 1.x), 2 and 3 (containerd 2.0-2.2), 2, 3 and "
+                            "4 (containerd 2.3)")
 DOCKER_CONFIG = "/etc/docker/daemon.json"
 CRIO_CONFIG = "/etc/crio/crio.conf"
 CRIO_DROP_INS = "/etc/crio/crio.conf.d/*"
@@ -107,6 +115,22 @@ def _summary(runtimes: dict, default: object, extra: dict) -> dict:
 MERGE_REPLACE = "replace-plugin-tables"  # containerd 1.x
 MERGE_DEEP = "deep"  # containerd 2.x
 _REPLACED_PER_KEY = ("stream_processors", "proxy_plugins", "timeouts")
+
+
+def containerd_config_version(doc: dict) -> tuple[int | None, str | None]:
+    """(version, None) of a containerd config as containerd reads it (no key, or 0, which
+    containerd's migrations table "treated at version 1", is 1), or (None, why) in one line
+    for a version gpuprov does not read: never read as another version (a newer containerd
+    may move the CRI tables again)."""
+    version = doc.get("version", 1)
+    if isinstance(version, bool) or not isinstance(version, int):
+        return None, (f"version = {version!r} is not a containerd config version; gpuprov "
+                      f"reads versions {CONTAINERD_VERSIONS_READ}")
+    version = version or 1
+    if version not in CONTAINERD_CONFIG_VERSIONS:
+        return None, (f"config version {version} is not one gpuprov reads (it reads versions "
+                      f"{CONTAINERD_VERSIONS_READ})")
+    return version, None
 
 
 def containerd_merge_mode(version: object, containerd_major: int | None = None) -> str:
@@ -224,7 +248,7 @@ def containerd_cri_builtins(config: dict, mode: str) -> dict:
     default runtime name where containerd keeps them: what the CRI plugin runs with."""
     out = copy.deepcopy(config)
     version = config.get("version")
-    plugin_id = CONTAINERD_CRI_TABLES[{3: 0, 2: 1}.get(version, 2)][1]
+    plugin_id = CONTAINERD_CRI_TABLES[CONTAINERD_CONFIG_VERSIONS.get(version, 2)][1]
     plugins = out.setdefault("plugins", {})
     cri = plugins.setdefault(plugin_id, {}) if isinstance(plugins, dict) else None
     containerd = cri.setdefault("containerd", {}) if isinstance(cri, dict) else None
@@ -254,10 +278,16 @@ def collect_containerd(root: Root) -> dict:
         return (None if record["error"] else doc), record
 
     merged, files, mode = containerd_load(CONTAINERD_CONFIG, load, root.glob)
-    merged = containerd_cri_builtins(merged, mode)
+    version, version_error = containerd_config_version(merged)
     runtimes: dict = {}
     default = None
     cdi: dict = {"enable_cdi": None, "cdi_spec_dirs": None}
+    if version_error is not None:
+        # Its CRI tables are not read as another version's: verify reports the one line.
+        return {"present": True, "files": files, "import_merge": mode,
+                "version_error": f"{CONTAINERD_CONFIG}: {version_error}",
+                **_summary(runtimes, default, {"version": merged.get("version"), **cdi})}
+    merged = containerd_cri_builtins(merged, mode)
     for keys in CONTAINERD_CRI_TABLES:
         table = _dig(merged, keys)
         if table is None:
@@ -280,6 +310,7 @@ def collect_containerd(root: Root) -> dict:
         "present": True,
         "files": files,
         "import_merge": mode,
+        "version_error": None,
         **_summary(runtimes, default, {"version": merged.get("version"), **cdi}),
     }
 

@@ -1,5 +1,6 @@
-"""Driver checks: kernel module and user-space library agree, and the branch is the one
-gpu_preflight chose for the node (gpuprov.nvidia.driver_branches, the roles' own choice)."""
+"""Driver checks: kernel module and user-space library agree, the branch is the one
+gpu_preflight chose for the node (gpuprov.nvidia.driver_branches, the roles' own choice), and
+the driver has the fixes of NVIDIA's security bulletins (gpuprov.nvidia.driver_advisories)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuprov.node.probe import boot as boot_probe
-from gpuprov.nvidia import driver_lifecycle
+from gpuprov.nvidia import driver_advisories, driver_lifecycle
 from gpuprov.nvidia.driver_branches import BranchChoice, choose_branch, eol_warning
 from gpuprov.verify.checks._util import major, nvml_error_text
 from gpuprov.verify.facts import NodeFacts
-from gpuprov.verify.findings import Verdict, check, passed, problem, skipped
+from gpuprov.verify.findings import Verdict, check, passed, problem, skipped, warned
 
 MISMATCH = "NVML_ERROR_LIB_RM_VERSION_MISMATCH"
 
@@ -211,6 +212,59 @@ def branch_eol(facts: NodeFacts) -> Verdict:
                       **details)
     return passed(f"driver {version}: R{loaded} ({info.kind}) supported to {info.eol}",
                   **details, eol=info.eol)
+
+
+@check(
+    "driver.security",
+    phase="node",
+    severity="error",
+    description="the loaded driver has every fix NVIDIA's security bulletins give for its branch "
+    "(gpuprov/nvidia/driver_advisories.py); a branch the bulletins stopped listing warns",
+    remediation="install the version named (nvidia_driver_version, or unset it so that the "
+    "role takes the branch's newest) with playbooks/upgrade-driver.yml; on a branch that gets "
+    "no fixes, move to one of the branches named (nvidia_driver_branch)",
+)
+def security(facts: NodeFacts) -> Verdict:
+    version = loaded_driver(facts)
+    if version is None:
+        return skipped("driver version unknown (NVML unavailable, no kernel module)")
+    try:
+        found = driver_advisories.assess(version)
+    except ValueError as exc:
+        return problem(f"driver {version}: {exc}")
+    details = {"version": version, "branch": found.branch, "install": found.install,
+               "below": [b.bulletin for b in found.below], "cves": found.cves(),
+               "missed": [b.bulletin for b in found.missed]}
+    try:
+        gpus = [g for g in expected_branch(facts).gpus if g.status == "supported"]
+    except ValueError:
+        gpus = []
+    # Only branches that drive the node's GPUs (Kepler's last is R470, which no bulletin fixes
+    # any more: no way out but other GPUs).
+    ways_out = ", ".join(f"R{b} {v}" for b, v in driver_advisories.fixed_branches(today())
+                         if b != found.branch and all(g.supports_branch(b) for g in gpus)) \
+        or "no branch NVIDIA still fixes drives these GPUs"
+    if found.vulnerable:
+        message = (f"driver {version} is below R{found.branch}'s fixed version {found.install}: "
+                   f"{found.below_text()}; install {found.install} or newer")
+        if found.missed:
+            message += (f"; R{found.branch} gets no fixes from bulletin "
+                        + ", ".join(str(b.bulletin) for b in found.missed)
+                        + (f": move to {ways_out}" if ways_out else ""))
+        if facts.node.driver_allow_vulnerable:
+            return warned(f"{message} (accepted: nvidia_driver_allow_vulnerable)", **details)
+        return problem(message, **details)
+    if found.missed:
+        # No floor to fail on: NVIDIA names none for a branch it stopped fixing.
+        return warned(f"driver {version}: R{found.branch} gets no fixes from "
+                       f"{found.missed_text()}" + (f"; move to {ways_out}" if ways_out else ""),
+                       **details)
+    if found.install is None:
+        return passed(f"driver {version}: no NVIDIA bulletin since 2024 lists R{found.branch}",
+                      **details)
+    newest = driver_advisories.floor(found.branch)[1]
+    return passed(f"driver {version} has every fix for R{found.branch} (newest: bulletin "
+                  f"{newest.bulletin}, {newest.date}, fixed in {found.install})", **details)
 
 
 def _installed_driver(facts: NodeFacts) -> str | None:

@@ -27,6 +27,11 @@ def nvidia_runtime(facts: NodeFacts) -> Verdict:
     choice = runtime_mode.choose(facts.node.toolkit_mode, runtime_name, version)
     if choice.problem:
         return problem(choice.problem)
+    unread = ((facts.report.get("container_runtime") or {}).get(runtime_name) or {}).get(
+        "version_error")
+    if unread:
+        # Its CRI tables would be another version's guess: the one line instead.
+        return problem(unread)
     verdict = _nvidia_runtime(facts)
     if choice.mode == runtime_mode.LEGACY or verdict.status != PASS:
         if verdict.status == PASS:

@@ -1,0 +1,279 @@
+"""NVIDIA's security bulletins for the datacenter Linux GPU driver, and the first fixed version
+of each branch.
+
+One table for verify's driver.security, the nvidia_driver role's check of a pinned version
+and `gpuprov hw choose`. Every row is read from NVIDIA's machine-readable CVE records in the
+public repository NVIDIA/product-security, <year>/<bulletin>/CVE-*.json (CVE JSON 5): the
+`affected` entries of product "Tesla" on platform "Linux(R<branch>)", whose version reads "All
+driver versions prior to <first fixed version>". A bulletin is here when at least one of its
+CVE records has such an entry (bulletin 5557, July 2024, fixes the Windows driver only and is
+not). Dates and titles: the year's README.md in the same repository (5861: its 5861.md,
+"Updated 2026-09-30"; the snapshot's README ends 2026-08-18). The records are kept, byte for
+byte (NVIDIA's .sha256 beside each), under tests/fixtures/nvidia/product-security/, and
+tests/unit/test_driver_advisories.py checks this table against them.
+
+Sources: NVIDIA/product-security at 5a2ee871c9537c277db29498db2c841340f966ff (2026-08-18) for
+every bulletin up to 5821; 2026/5861/CVE-2026-47501.json at 08d1a287ef3f1fc250f3bdaca913a1d4cff6f5b3
+for 5861. Retrieved 2026-11-26.
+
+NOT complete: bulletin 5861 lists about 114 CVEs (Windows, Linux, vGPU); only the record of
+CVE-2026-47501 was read, so its row names that CVE alone (complete=False) and its fixed
+versions are that record's. NVIDIA publishes one fixed version per branch per bulletin (every
+record of 2024-2026 read here agrees within its bulletin), so the floor holds for the others.
+
+A branch gets fixes only while a bulletin lists it. NVIDIA's bulletins say of the rest:
+"Earlier software branch releases that support these products might also be affected. If you
+are using an earlier branch release for which an update version is not listed above, upgrade
+to the latest branch release" (5821.json, Bulletin Notes). So a branch has no floor for a
+bulletin that does not list it: gpuprov names the bulletins it misses instead of inventing one.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gpuprov.nvidia import driver_lifecycle
+
+BULLETIN_URL = "https://nvidia.custhelp.com/app/answers/detail/a_id/{}"
+RECORDS_URL = "https://github.com/NVIDIA/product-security/tree/main/{year}/{bulletin}"
+
+
+def _key(version: str) -> tuple[int, ...]:
+    """'580.178.04' -> (580, 178, 4); a packaging revision or epoch is dropped."""
+    upstream = str(version).split(":")[-1].split("-")[0].split("~")[0]
+    try:
+        return tuple(int(part) for part in upstream.split("."))
+    except ValueError:
+        raise ValueError(f"not a driver version: {version!r}") from None
+
+
+@dataclass(frozen=True)
+class DriverCve:
+    cve: str
+    score: float  # CVSS base score, as the record gives it
+    severity: str  # the record's baseSeverity, lower case
+    fixed: Mapping[int, str]  # branch -> first fixed version (Tesla, Linux)
+
+
+@dataclass(frozen=True)
+class DriverBulletin:
+    bulletin: int
+    date: str  # initial publication, YYYY-MM-DD
+    title: str
+    cves: tuple[DriverCve, ...]
+    # Every CVE of the bulletin that touches the datacenter Linux driver is listed.
+    complete: bool = True
+    fixed: Mapping[int, str] = field(init=False)  # branch -> first fixed version
+
+    def __post_init__(self) -> None:
+        fixed: dict[int, str] = {}
+        for cve in self.cves:
+            for branch, version in cve.fixed.items():
+                if branch not in fixed or _key(version) > _key(fixed[branch]):
+                    fixed[branch] = version
+        object.__setattr__(self, "fixed", MappingProxyType(fixed))
+
+    @property
+    def url(self) -> str:
+        return BULLETIN_URL.format(self.bulletin)
+
+    @property
+    def records(self) -> str:
+        return RECORDS_URL.format(year=self.date[:4], bulletin=self.bulletin)
+
+    @property
+    def day(self) -> datetime.date:
+        return datetime.date.fromisoformat(self.date)
+
+    @property
+    def score(self) -> float:
+        return max(c.score for c in self.cves)
+
+    @property
+    def severity(self) -> str:
+        return max(self.cves, key=lambda c: c.score).severity
+
+    def cves_for(self, branch: int) -> list[str]:
+        return [c.cve for c in self.cves if branch in c.fixed]
+
+    def cve_list(self, branch: int | None = None) -> str:
+        """'CVE-2026-24187, CVE-2026-24190, ...' (and 'and others' for an incomplete row)."""
+        names = self.cves_for(branch) if branch is not None else [c.cve for c in self.cves]
+        return ", ".join(names) + ("" if self.complete else " and others")
+
+
+def _cve(cve: str, score: float, severity: str, fixed: dict[int, str]) -> DriverCve:
+    return DriverCve(cve, float(score), severity, MappingProxyType(fixed))
+
+
+def _bulletin(bulletin: int, date: str, title: str, cves: tuple[DriverCve, ...],
+              complete: bool = True) -> DriverBulletin:
+    return DriverBulletin(bulletin, date, title, cves, complete)
+
+
+# Oldest first.
+BULLETINS: tuple[DriverBulletin, ...] = (
+    _bulletin(5520, '2024-02-28', 'Security Bulletin: NVIDIA GPU Display Driver - February 2024', (
+        _cve('CVE-2022-42265', 5.3, 'medium', {470: '470.239.06'}),
+        _cve('CVE-2024-0074', 7.1, 'high',
+             {470: '470.239.06', 535: '535.161.07', 550: '550.54.14'}),
+        _cve('CVE-2024-0075', 6.1, 'medium', {535: '535.161.07', 550: '550.54.14'}),
+    )),
+    _bulletin(5551, '2024-06-06', 'Security Bulletin: NVIDIA GPU Display Driver - June 2024', (
+        _cve('CVE-2024-0090', 7.8, 'high',
+             {470: '470.256.02', 535: '535.183.01', 550: '550.90.07'}),
+        _cve('CVE-2024-0091', 7.8, 'high', {550: '550.90.07'}),
+        _cve('CVE-2024-0092', 5.5, 'medium',
+             {470: '470.256.02', 535: '535.183.01', 550: '550.90.07'}),
+    )),
+    _bulletin(5586, '2024-10-22', 'Security Bulletin: NVIDIA GPU Display Driver - October 2024', (
+        _cve('CVE-2024-0126', 8.2, 'high', {535: '535.216.01', 550: '550.127.05'}),
+    )),
+    _bulletin(5614, '2025-01-16', 'Security Bulletin: NVIDIA GPU Display Driver - January 2025', (
+        _cve('CVE-2024-0131', 4.4, 'medium',
+             {535: '535.230.02', 550: '550.144.03', 570: '570.86.15'}),
+        _cve('CVE-2024-0147', 5.5, 'medium',
+             {535: '535.230.02', 550: '550.144.03', 570: '570.86.15'}),
+        _cve('CVE-2024-0149', 3.3, 'low', {535: '535.230.02', 550: '550.144.03', 570: '570.86.15'}),
+        _cve('CVE-2024-0150', 7.1, 'high',
+             {535: '535.230.02', 550: '550.144.03', 570: '570.86.15'}),
+        _cve('CVE-2024-53869', 5.5, 'medium', {550: '550.144.03', 570: '570.86.15'}),
+    )),
+    _bulletin(5630, '2025-04-24', 'Security Bulletin: NVIDIA GPU Display Driver - April 2025', (
+        _cve('CVE-2025-23244', 7.8, 'high',
+             {535: '535.247.01', 550: '550.163.01', 570: '570.133.07', 575: '575.51.02'}),
+    )),
+    _bulletin(5670, '2025-07-24', 'Security Bulletin: GPU Display Driver - July 2025', (
+        _cve('CVE-2025-23279', 7, 'high', {570: '570.172.08'}),
+        _cve('CVE-2025-23286', 4.4, 'medium', {535: '535.261.03'}),
+    )),
+    _bulletin(5703, '2025-10-09', 'Security Bulletin: NVIDIA GPU Display Driver - October 2025', (
+        _cve('CVE-2025-23280', 7, 'high', {535: '535.274.02', 570: '570.195.03', 580: '580.95.05'}),
+        _cve('CVE-2025-23282', 7, 'high', {535: '535.274.02', 570: '570.195.03', 580: '580.95.05'}),
+        _cve('CVE-2025-23300', 5.5, 'medium',
+             {535: '535.274.02', 570: '570.195.03', 580: '580.95.05'}),
+        _cve('CVE-2025-23330', 5.5, 'medium',
+             {535: '535.274.02', 570: '570.195.03', 580: '580.95.05'}),
+        _cve('CVE-2025-23332', 5, 'medium',
+             {535: '535.274.02', 570: '570.195.03', 580: '580.95.05'}),
+        _cve('CVE-2025-23345', 4.4, 'medium',
+             {535: '535.274.02', 570: '570.195.03', 580: '580.95.05'}),
+    )),
+    _bulletin(5747, '2026-01-28', 'Security Bulletin: GPU Display Driver - January 2026', (
+        _cve('CVE-2025-33219', 7.8, 'high',
+             {535: '535.288.01', 570: '570.211.01', 580: '580.126.09', 590: '590.48.01'}),
+        _cve('CVE-2025-33220', 7.8, 'high',
+             {535: '535.288.01', 570: '570.211.01', 580: '580.126.09', 590: '590.48.01'}),
+    )),
+    _bulletin(5821, '2026-05-19', 'Security Bulletin: GPU Display Driver - May 2026', (
+        _cve('CVE-2025-33221', 4.4, 'medium',
+             {535: '535.309.01', 580: '580.159.03', 595: '595.71.05'}),
+        _cve('CVE-2026-24182', 6.5, 'medium',
+             {535: '535.309.01', 580: '580.159.03', 595: '595.71.05'}),
+        _cve('CVE-2026-24187', 8.8, 'high',
+             {535: '535.309.01', 580: '580.159.03', 595: '595.71.05'}),
+        _cve('CVE-2026-24190', 7.8, 'high',
+             {535: '535.309.01', 580: '580.159.03', 595: '595.71.05'}),
+        _cve('CVE-2026-24192', 7.8, 'high',
+             {535: '535.309.01', 580: '580.159.03', 595: '595.71.05'}),
+        _cve('CVE-2026-24193', 7.8, 'high', {535: '535.309.01', 580: '580.159.03'}),
+        _cve('CVE-2026-24194', 7.8, 'high',
+             {535: '535.309.01', 580: '580.159.03', 595: '595.71.05'}),
+        _cve('CVE-2026-24196', 7.1, 'high',
+             {535: '535.309.01', 580: '580.159.03', 595: '595.71.05'}),
+        _cve('CVE-2026-24197', 6.5, 'medium',
+             {535: '535.309.01', 580: '580.159.03', 595: '595.71.05'}),
+        _cve('CVE-2026-24198', 5.6, 'medium', {580: '580.159.03', 595: '595.71.05'}),
+        _cve('CVE-2026-24199', 4.7, 'medium',
+             {535: '535.309.01', 580: '580.159.03', 595: '595.71.05'}),
+    )),
+    _bulletin(5861, '2026-09-30', 'Security Bulletin: GPU Display Driver - September 2026', (
+        _cve('CVE-2026-47501', 7.8, 'high',
+             {580: '580.178.04', 595: '595.91.07', 610: '610.57.04', 615: '615.71.09'}),
+    ), complete=False),
+)
+
+
+def branch_of(version: str) -> int:
+    return _key(version)[0]
+
+
+def listed(branch: int) -> list[DriverBulletin]:
+    """The bulletins that give the branch a fixed version, oldest first."""
+    return [b for b in BULLETINS if branch in b.fixed]
+
+
+def floor(branch: int) -> tuple[str, DriverBulletin] | None:
+    """The branch's first version with every fix in the table, and the newest bulletin that set
+    it; None when no bulletin lists the branch."""
+    bulletins = listed(branch)
+    if not bulletins:
+        return None
+    newest = max(bulletins, key=lambda b: _key(b.fixed[branch]))
+    return newest.fixed[branch], newest
+
+
+def missed(branch: int) -> list[DriverBulletin]:
+    """The bulletins that fix the driver but not this branch, since the branch's last fix (or,
+    for a branch no bulletin lists, since NVIDIA's end of life for it): a branch that ended
+    gets no fixes, and no floor is invented for it."""
+    bulletins = listed(branch)
+    if bulletins:
+        since = bulletins[-1].day
+    else:
+        info = driver_lifecycle.BRANCHES.get(branch)
+        end = info.eol_date() if info else None
+        if end is None:
+            return []
+        since = end
+    return [b for b in BULLETINS if b.day > since and branch not in b.fixed]
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """What the table says of one driver version."""
+
+    version: str
+    branch: int
+    below: tuple[DriverBulletin, ...]  # bulletins whose fix for the branch it lacks
+    missed: tuple[DriverBulletin, ...]  # bulletins that do not fix the branch at all
+    install: str | None  # the branch's first version with every fix; None: no bulletin lists it
+
+    @property
+    def vulnerable(self) -> bool:
+        return bool(self.below)
+
+    def cves(self) -> list[str]:
+        return [cve for b in self.below for cve in b.cves_for(self.branch)]
+
+    def below_text(self) -> str:
+        """'bulletin 5821 (2026-05-19: CVE-..., ...), bulletin 5861 (...)'."""
+        return "; ".join(f"bulletin {b.bulletin} ({b.date}, {b.severity} {b.score}: "
+                         f"{b.cve_list(self.branch)})" for b in self.below)
+
+    def missed_text(self) -> str:
+        return "; ".join(f"bulletin {b.bulletin} ({b.date}: {b.cve_list()}; fixed in "
+                         + ", ".join(f"R{br} {v}" for br, v in sorted(b.fixed.items())) + ")"
+                         for b in self.missed)
+
+
+def assess(version: str) -> Assessment:
+    """The bulletins a driver of this version ("580.105.08", "580.105.08-1") lacks the fix of,
+    and those its branch gets no fix from. Raises ValueError for text that is no version."""
+    have = _key(version)
+    branch = have[0]
+    below = tuple(b for b in BULLETINS if branch in b.fixed and have < _key(b.fixed[branch]))
+    found = floor(branch)
+    return Assessment(version=str(version), branch=branch, below=below,
+                      missed=tuple(missed(branch)), install=found[0] if found else None)
+
+
+def fixed_branches(day: datetime.date) -> list[tuple[int, str]]:
+    """(branch, floor) of the branches NVIDIA supports on `day` that the newest bulletin lists:
+    where a node on an ended branch can go."""
+    newest = BULLETINS[-1]
+    supported = {b.branch for b in driver_lifecycle.supported(day)}
+    return [(br, v) for br, v in sorted(newest.fixed.items()) if br in supported]

@@ -1,0 +1,179 @@
+"""The driver advisories table (gpuprov/nvidia/driver_advisories.py) against NVIDIA's own CVE
+records, kept byte for byte under tests/fixtures/nvidia/product-security/ (NVIDIA/product-security,
+<year>/<bulletin>/CVE-*.json, each with NVIDIA's .sha256), and what the table says of versions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gpuprov.nvidia import driver_advisories as adv
+
+RECORDS = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia" / "product-security"
+# Tesla (NVIDIA's product name for the datacenter driver) on "Linux(R580)"; vGPU and the
+# other products are not what gpuprov installs.
+PLATFORM = re.compile(r"Linux\(R(\d+)\)")
+FIXED = re.compile(r"^All driver versions? prior to (\d+\.\d+(?:\.\d+)?)$")
+# Bulletins the snapshot's README does not list yet (it ends 2026-08-18).
+NOT_IN_README = {5861}
+
+
+def _records() -> list[Path]:
+    return sorted(RECORDS.glob("20*/*/CVE-*.json"))
+
+
+def _datacenter_linux(record: dict) -> dict[int, str]:
+    """Branch -> first fixed version, from the record's Tesla entries on Linux."""
+    fixed: dict[int, str] = {}
+    for entry in record["containers"]["cna"]["affected"]:
+        if entry["product"] != "Tesla":
+            continue
+        for platform in entry.get("platforms", []):
+            match = PLATFORM.fullmatch(platform)
+            if match is None:
+                continue
+            (version,) = entry["versions"]
+            assert version["status"] == "affected"
+            fixed_in = FIXED.match(version["version"])
+            assert fixed_in, f"unexpected version text {version['version']!r}"
+            fixed[int(match.group(1))] = fixed_in.group(1)
+    return fixed
+
+
+def _readme_rows() -> dict[int, tuple[str, str, list[str]]]:
+    """Bulletin -> (title, initial publication date, CVE ids), from each year's README.md."""
+    rows = {}
+    for readme in RECORDS.glob("20*/README.md"):
+        for line in readme.read_text().splitlines():
+            match = re.match(r"\| \[(\d+)\]\([^)]*\) \| ([^|]+) \| (\S+) \| \S+ \| (.*)\|$",
+                             line)
+            if match:
+                rows[int(match.group(1))] = (match.group(2).strip(), match.group(3),
+                                             re.findall(r"\[(CVE-[\d-]+)\]", match.group(4)))
+    return rows
+
+
+TABLE = {b.bulletin: b for b in adv.BULLETINS}
+TABLE_CVES = {c.cve: (b, c) for b in adv.BULLETINS for c in b.cves}
+
+
+def test_the_fixtures_are_nvidias_records_unchanged():
+    records = _records()
+    assert len(records) >= len(TABLE_CVES)
+    for path in records:
+        published = path.with_name(path.name + ".sha256").read_text().split()[0]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == published, path
+
+
+@pytest.mark.parametrize("path", _records(), ids=lambda p: p.stem)
+def test_every_record_with_a_datacenter_linux_entry_is_in_the_table_as_it_reads(path):
+    record = json.loads(path.read_text())
+    cve = record["cveMetadata"]["cveId"]
+    assert path.stem == cve
+    fixed = _datacenter_linux(record)
+    if not fixed:
+        # 5557 (July 2024) fixes the Windows driver only: no row for it.
+        assert cve not in TABLE_CVES
+        assert int(path.parent.name) not in TABLE
+        return
+    bulletin, row = TABLE_CVES[cve]
+    assert bulletin.bulletin == int(path.parent.name)
+    assert bulletin.date.startswith(path.parent.parent.name)
+    assert dict(row.fixed) == fixed
+    (metric,) = record["containers"]["cna"]["metrics"]
+    cvss = next(v for k, v in metric.items() if k.startswith("cvssV3"))
+    assert row.score == cvss["baseScore"]
+    assert row.severity == cvss["baseSeverity"].lower()
+
+
+def test_every_cve_in_the_table_cites_a_recorded_file():
+    recorded = {p.stem: p for p in _records()}
+    for cve, (bulletin, _) in TABLE_CVES.items():
+        assert cve in recorded, f"{cve} (bulletin {bulletin.bulletin}) has no record"
+        assert recorded[cve].parent.name == str(bulletin.bulletin)
+
+
+def test_bulletins_as_nvidias_index_lists_them():
+    rows = _readme_rows()
+    for bulletin in adv.BULLETINS:
+        if bulletin.bulletin in NOT_IN_README:
+            assert not bulletin.complete  # only the records read are named
+            continue
+        title, date, cves = rows[bulletin.bulletin]
+        assert (bulletin.title, bulletin.date) == (title, date)
+        assert {c.cve for c in bulletin.cves} <= set(cves)
+        assert bulletin.complete
+
+
+def test_every_driver_bulletin_in_the_index_is_decided():
+    """Each bulletin of 2024 on whose title names the display driver is in the table or has a
+    recorded file showing it does not touch the datacenter Linux driver."""
+    decided = set(TABLE) | {int(p.parent.name) for p in _records()}
+    driver = {n for n, (title, date, _) in _readme_rows().items()
+              if "Display Driver" in title and date >= "2024"}
+    assert driver and driver <= decided
+
+
+def test_the_table_is_oldest_first_with_one_floor_per_branch_and_bulletin():
+    dates = [b.date for b in adv.BULLETINS]
+    assert dates == sorted(dates)
+    for bulletin in adv.BULLETINS:
+        for branch, version in bulletin.fixed.items():
+            assert {c.fixed[branch] for c in bulletin.cves if branch in c.fixed} == {version}
+
+
+def test_bulletin_5861_floors_as_the_issue_reports():
+    b = TABLE[5861]
+    assert dict(b.fixed) == {580: "580.178.04", 595: "595.91.07", 610: "610.57.04",
+                             615: "615.71.09"}
+
+
+def test_below_the_floor_names_bulletins_and_the_version_to_install():
+    a = adv.assess("580.105.08-1")
+    assert a.vulnerable
+    assert [b.bulletin for b in a.below] == [5747, 5821, 5861]
+    assert a.install == "580.178.04"
+    assert "CVE-2026-47501" in a.cves() and "CVE-2025-33219" in a.cves()
+    assert a.missed == ()
+
+
+def test_at_the_floor_nothing_is_missing():
+    a = adv.assess("580.178.04")
+    assert not a.vulnerable and a.missed == () and a.install == "580.178.04"
+    assert not adv.assess("595.91.07").vulnerable
+
+
+def test_a_version_between_two_fixes_lacks_only_the_later_ones():
+    a = adv.assess("580.159.03")
+    assert [b.bulletin for b in a.below] == [5861]
+
+
+def test_an_ended_branch_gets_no_invented_floor():
+    # R550 (ended): last listed in 5630 (550.163.01); later bulletins fix other branches only.
+    a = adv.assess("550.163.01")
+    assert not a.vulnerable
+    assert a.install == "550.163.01"  # its last fix, not a version NVIDIA never named
+    assert [b.bulletin for b in a.missed] == [5670, 5703, 5747, 5821, 5861]
+    assert all(550 not in b.fixed for b in a.missed)
+
+
+def test_an_ended_branch_below_its_last_floor_is_vulnerable_and_misses_the_rest():
+    # Debian 12's own R535: 535.261.03 (5670's fix), below 5703, 5747 and 5821.
+    a = adv.assess("535.261.03")
+    assert [b.bulletin for b in a.below] == [5703, 5747, 5821]
+    assert a.install == "535.309.01"
+    assert [b.bulletin for b in a.missed] == [5861]
+
+
+def test_a_branch_no_bulletin_lists_and_still_supported_has_nothing_to_say():
+    a = adv.assess("620.10.01")
+    assert (a.below, a.missed, a.install) == ((), (), None)
+
+
+def test_not_a_version():
+    with pytest.raises(ValueError, match="not a driver version"):
+        adv.assess("latest")
