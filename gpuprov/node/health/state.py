@@ -89,6 +89,7 @@ class State:
     kmsg_seq: int = -1  # the last kernel-log record handled in this boot
     acks_applied: list[str] = dataclasses.field(default_factory=list)  # ack ids, newest last
     uuids: dict[str, str] = dataclasses.field(default_factory=dict)  # pci -> GPU UUID
+    xid_counts: dict[str, int] = dataclasses.field(default_factory=dict)  # "pci|xid" -> records
     cleared_total: dict[str, int] = dataclasses.field(default_factory=dict)  # by condition
     raised_total: dict[str, int] = dataclasses.field(default_factory=dict)
 
@@ -233,6 +234,8 @@ def _on_started(state: State, event: Started) -> list[dict]:
 def _on_xid(state: State, event: XidSeen) -> list[dict]:
     if event.seq >= 0:
         state.kmsg_seq = max(state.kmsg_seq, event.seq)
+    counted = f"{event.pci}|{event.xid}"
+    state.xid_counts[counted] = state.xid_counts.get(counted, 0) + 1
     policy = xid_catalog.lookup(event.xid)
     if policy.severity != xid_catalog.FAULT:
         return [_note("counted", None, xid=event.xid, gpu=event.pci, severity=policy.severity)]
