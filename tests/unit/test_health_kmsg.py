@@ -127,3 +127,54 @@ def test_follower_on_the_real_dev_kmsg_starts_at_the_oldest_record():
     first = next(iter(follower.records()))
     follower.stop()
     assert first.seq >= 0 and first.message
+
+
+def test_real_h200_kernel_log_has_no_gpu_event():
+    """This project's real-GPU run (tests/fixtures/real/h200-580.159.04/kmsg-nvidia.txt: an
+    H200 with driver 580.159.04, the NVIDIA records of its /dev/kmsg): loading messages and an
+    FBHUB interrupt notice, no XID, no fault."""
+    path = FIXTURES.parent / "real" / "h200-580.159.04" / "kmsg-nvidia.txt"
+    found, _ = kmsg.split_records(path.read_bytes())
+    parsed = [kmsg.parse_record(raw) for raw in found]
+    assert len([r for r in parsed if r]) >= 5
+    assert [kmsg.gpu_event(r) for r in parsed if r] == [None] * len([r for r in parsed if r])
+
+
+def test_lab_kernel_log_faults_reach_the_agent_once_each(tmp_path):
+    """The lab's kernel log (gpuprov/lab/simhw.py) as a follower sees it: a record keeps its seq
+    when the file is rewritten, a new one gets a higher seq, so an agent that dedupes by seq
+    sees each fault once; every lab kernel-log fault parses to what it stands for."""
+    from gpuprov.lab import profiles, simhw
+
+    node = tmp_path / "gpu-hopper"
+    node.mkdir()
+    simhw.write_node_state(node, "gpu-hopper", profiles.NODE_PROFILES["gpu-hopper"])
+    s = hs.State()
+    hs.step(s, hs.Started("b", 0))
+
+    def feed() -> None:
+        data = (node / simhw.KMSG_FILE).read_bytes()
+        for raw in kmsg.split_records(data)[0]:
+            record = kmsg.parse_record(raw)
+            event = kmsg.gpu_event(record)
+            if event is None or record.seq <= s.kmsg_seq:
+                continue
+            if event.kind == "xid":
+                hs.step(s, hs.XidSeen(event.pci, event.xid, event.message, 1, record.seq,
+                                      event.gpu_instance))
+            else:
+                hs.step(s, hs.FallenOffBus(event.pci, event.message, 1, record.seq))
+
+    simhw.set_fault(node, "xid-79", gpu_index=0)
+    simhw.set_fault(node, "xid-94-mig", gpu_index=1)
+    feed()
+    simhw.clear_fault(node, "xid-79")  # the lab's file loses the record; its seq is not reused
+    simhw.set_fault(node, "fallen-off-bus", gpu_index=2)
+    simhw.set_fault(node, "xid-storm", gpu_index=3)
+    simhw.set_fault(node, "xid-48", gpu_index=4)
+    simhw.set_fault(node, "xid-95-mig", gpu_index=1)
+    feed()
+    feed()  # read again from the start (a restart): nothing counted twice
+    reasons = sorted((f.reason, f.count, f.key.count(":gi")) for f in s.faults.values())
+    assert reasons == [("FallenOffBus", 1, 0), ("XID48", 1, 0), ("XID79", 1, 0),
+                       ("XID94", 1, 1), ("XID95", 1, 0), ("XID95", 5000, 0)]
