@@ -9,18 +9,20 @@ Pure functions over Node objects (JSON dicts, as the API serves them): `gpuprov 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpuprov import cordon as cordon_module
 from gpuprov.node.health.state import CONDITION_TYPES, DRIVER_PROBLEM, GPU_FAULT, PREFIX
 
 SCHEMA_VERSION = 1
 # The agent reads it (gpuprov/node/health/agent.py ACK_ANNOTATION); `gpuprov health ack` writes.
 ACK_ANNOTATION = "gpuprov.io/health-ack"
-# What remediation took, to give back exactly that: {"at", "reason", "evidence",
-# "preexisting" (an admin's cordon was there first), "taint" (gpuprov added its taint)}.
-CORDON_ANNOTATION = "gpuprov.io/health-cordon"
+# Remediation takes nodes out through gpuprov's one node-maintenance piece (gpuprov/cordon.py)
+# as this owner: its record (gpuprov.io/health-remediate-was-cordoned, -cordon-reason with the
+# evidence, -cordoned-at) says what to give back; TAINT_ANNOTATION whether it added its taint.
+OWNER = "health-remediate"
+TAINT_ANNOTATION = "gpuprov.io/health-remediate-taint"
 PLUGIN_RESTART_ANNOTATION = "gpuprov.io/health-plugin-restart"  # unix time of the last one
 TAINT_KEY = "gpuprov.io/gpu-unhealthy"
 # The conditions remediation acts on; the others are reported only.
@@ -33,11 +35,12 @@ class NodeHealth:
     name: str
     conditions: dict  # type -> the condition (JSON), gpuprov.io/ types only
     unschedulable: bool
-    cordon: dict | None  # CORDON_ANNOTATION, parsed
+    cordon: dict | None  # remediation's record (cordon.keys(OWNER)); None: it holds nothing
     capacity_gpus: int
     allocatable_gpus: int
     gpu_node: bool
     plugin_restarted_at: float | None
+    holders: tuple = ()  # other gpuprov owners holding the node (cordon.holders)
 
     @property
     def problems(self) -> list[dict]:
@@ -63,7 +66,9 @@ class NodeHealth:
     def cordoned_by(self) -> str:
         if self.cordon and not self.cordon.get("preexisting"):
             return "gpuprov"
-        return "admin" if self.unschedulable else "-"
+        if self.unschedulable:
+            return "gpuprov:" + ",".join(self.holders) if self.holders else "admin"
+        return "-"
 
     def to_json(self) -> dict:
         return {"node": self.name, "state": self.state, "gpu_node": self.gpu_node,
@@ -81,14 +86,15 @@ def _int(value: Any) -> int:
         return 0
 
 
-def _json(text: Any) -> dict | None:
-    if not text:
+def _record(node: Mapping[str, Any]) -> dict | None:
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    names = cordon_module.keys(OWNER)
+    if names.was_cordoned not in annotations:
         return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {"unreadable": str(text)[:200]}
-    return value if isinstance(value, dict) else None
+    return {"preexisting": annotations[names.was_cordoned] == "true",
+            "reason": annotations.get(names.reason, ""), "since": annotations.get(names.since),
+            "taint": annotations.get(TAINT_ANNOTATION) == "true",
+            "failed": annotations.get(names.failed)}
 
 
 def node_health(node: Mapping[str, Any]) -> NodeHealth:
@@ -103,12 +109,13 @@ def node_health(node: Mapping[str, Any]) -> NodeHealth:
     return NodeHealth(
         name=meta.get("name", ""), conditions=conditions,
         unschedulable=bool(spec.get("unschedulable")),
-        cordon=_json(annotations.get(CORDON_ANNOTATION)),
+        cordon=_record(node),
         capacity_gpus=capacity,
         allocatable_gpus=_int((status.get("allocatable") or {}).get(GPU_RESOURCE)),
         gpu_node=bool(capacity or conditions or labels.get("nvidia.com/gpu.present") == "true"),
         plugin_restarted_at=float(restarted) if restarted and restarted.replace(
-            ".", "", 1).isdigit() else None)
+            ".", "", 1).isdigit() else None,
+        holders=tuple(h for h in cordon_module.holders(node) if h != OWNER))
 
 
 def fleet(nodes: Iterable[Mapping[str, Any]]) -> list[NodeHealth]:

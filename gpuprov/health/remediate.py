@@ -3,9 +3,11 @@ nodes whose agent reports a fault, with fleet brakes, and gives back what it too
 
 plan() is pure (Node objects in, actions out); apply() performs a plan through the API, one
 Kubernetes Event on the node per action. The rules (issue 33; why: research/health-anchors.md):
-- A node with gpuprov.io/GPUFault or DriverProblem True is cordoned, with CORDON_ANNOTATION
-  holding the reason, the evidence and the time. A node an admin cordoned before is recorded
-  as such (preexisting) and stays cordoned after it recovers.
+- A node with gpuprov.io/GPUFault or DriverProblem True is cordoned through gpuprov's one
+  node-maintenance piece (gpuprov/cordon.py, owner "health-remediate"): its record holds the
+  reason with the evidence ids, and the time. A node an admin (or another gpuprov step, such
+  as a driver upgrade) cordoned before is recorded as such and stays cordoned after it
+  recovers.
 - Brakes: at most max_unavailable nodes cordoned by gpuprov at once (a count or a percentage of
   the GPU nodes; default the larger of 1 and 10 %). The oldest faults go first; the others are
   held and reported. Releases are never braked, and each release frees a place at once.
@@ -21,12 +23,13 @@ Kubernetes Event on the node per action. The rules (issue 33; why: research/heal
 from __future__ import annotations
 
 import dataclasses
-import json
+import datetime
 import math
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpuprov import cordon
 from gpuprov.errors import GpuprovError
 from gpuprov.health import fleet
 
@@ -100,10 +103,11 @@ def plan(nodes: Iterable[Mapping[str, Any]], options: Options, now: float) -> li
         if h.cordon is not None:
             if not faulty:
                 if h.cordon.get("preexisting"):
-                    actions.append(Action("forget", h.name, "recovered; the admin's cordon stays"))
+                    actions.append(Action("forget", h.name, "recovered; the cordon that was "
+                                          "there before stays", h.cordon))
                 elif not h.unschedulable:
                     actions.append(Action("forget", h.name, "recovered; an admin uncordoned it "
-                                          "meanwhile (took it over)"))
+                                          "meanwhile (took it over)", h.cordon))
                 else:
                     actions.append(Action("release", h.name, "recovered: "
                                           "gpuprov's cordon and taint given back",
@@ -128,8 +132,10 @@ def plan(nodes: Iterable[Mapping[str, Any]], options: Options, now: float) -> li
     # Releases first free their places.
     free = budget - taken
     for first, h in sorted(wanting, key=lambda pair: (pair[0], pair[1].name)):
-        annotation = {"at": now, "reason": _reason(h.actionable),
-                      "evidence": _evidence(h.actionable), "preexisting": h.unschedulable,
+        evidence = _evidence(h.actionable)
+        annotation = {"at": now, "reason": _reason(h.actionable)
+                      + (f"; evidence {', '.join(evidence)}" if evidence else ""),
+                      "evidence": evidence, "preexisting": h.unschedulable,
                       "taint": bool(options.taint and not h.unschedulable)}
         if h.unschedulable:
             actions.append(Action("adopt", h.name, "faulty, already cordoned by an admin: "
@@ -177,29 +183,23 @@ def apply(api: Any, actions: list[Action], nodes: Mapping[str, Mapping[str, Any]
         if options.dry_run or action.kind == "hold":
             continue
         node = nodes[action.node]
-        annotations: dict[str, Any] = {}
-        spec: dict[str, Any] = {}
+        moment = datetime.datetime.fromtimestamp(now, datetime.timezone.utc)
+        body: dict[str, Any] = {"metadata": {"annotations": {}}}
         if action.kind in ("cordon", "adopt"):
-            annotations[fleet.CORDON_ANNOTATION] = json.dumps(action.annotation, sort_keys=True)
-            if action.kind == "cordon":
-                spec["unschedulable"] = True
-                if action.annotation and action.annotation.get("taint"):
-                    spec["taints"] = _taints_without(node) + [
-                        {"key": fleet.TAINT_KEY, "value": "true", "effect": "NoSchedule"}]
-        elif action.kind == "release":
-            annotations[fleet.CORDON_ANNOTATION] = None
-            spec["unschedulable"] = False
+            body = cordon.take(node, fleet.OWNER, action.annotation["reason"], moment)
+            if action.annotation.get("taint"):
+                body["spec"]["taints"] = _taints_without(node) + [
+                    {"key": fleet.TAINT_KEY, "value": "true", "effect": "NoSchedule"}]
+                body["metadata"]["annotations"][fleet.TAINT_ANNOTATION] = "true"
+        elif action.kind in ("release", "forget"):
+            body = cordon.give_back(node, fleet.OWNER)
+            body["metadata"]["annotations"][fleet.TAINT_ANNOTATION] = None
             if (action.annotation or {}).get("taint"):
-                spec["taints"] = _taints_without(node)
-        elif action.kind == "forget":
-            annotations[fleet.CORDON_ANNOTATION] = None
+                body.setdefault("spec", {})["taints"] = _taints_without(node)
         elif action.kind == "restart-plugin":
             restarted = _restart_plugin(core, action.node, options.plugin_namespace)
             lines[-1] += f" ({restarted})"
-            annotations[fleet.PLUGIN_RESTART_ANNOTATION] = str(now)
-        body: dict[str, Any] = {"metadata": {"annotations": annotations}}
-        if spec:
-            body["spec"] = spec
+            body["metadata"]["annotations"][fleet.PLUGIN_RESTART_ANNOTATION] = str(now)
         core.patch_node(action.node, body)
         _event(core, action.node, "Gpuprov" + action.kind.title().replace("-", ""),
                action.line(), now)

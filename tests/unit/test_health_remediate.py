@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from gpuprov import cordon as cordon_module
 from gpuprov.cli import main
 from gpuprov.errors import GpuprovError
 from gpuprov.health import fleet, remediate
@@ -28,8 +29,13 @@ def node(name: str, fault: bool = False, since: str = T0, unschedulable: bool = 
                            "message": "XID79: GPU 0 (GPU-1, 0000:3b:00): x; evidence ev-1-7; "
                            "action: reboot" if fault else "ok", "lastTransitionTime": since})
     annotations = {}
-    if cordon is not None:
-        annotations[fleet.CORDON_ANNOTATION] = json.dumps(cordon)
+    if cordon is not None:  # remediation's record, as gpuprov/cordon.py writes it
+        names = cordon_module.keys(fleet.OWNER)
+        annotations[names.was_cordoned] = "true" if cordon.get("preexisting") else "false"
+        annotations[names.reason] = cordon.get("reason", "r")
+        annotations[names.since] = T0
+        if cordon.get("taint"):
+            annotations[fleet.TAINT_ANNOTATION] = "true"
     if restarted is not None:
         annotations[fleet.PLUGIN_RESTART_ANNOTATION] = str(restarted)
     return {"metadata": {"name": name, "annotations": annotations},
@@ -61,8 +67,9 @@ def test_cordon_with_brakes_oldest_first_the_rest_held():
              node("c", True, "2026-11-26T10:00:03Z")]
     actions = remediate.plan(nodes, remediate.Options("1"), 100)
     assert kinds(actions) == [("cordon", "b"), ("hold", "a"), ("hold", "c")]
-    cordon = next(a for a in actions if a.kind == "cordon")
-    assert cordon.annotation["evidence"] == ["ev-1-7"] and not cordon.annotation["preexisting"]
+    taken = next(a for a in actions if a.kind == "cordon")
+    assert taken.annotation["evidence"] == ["ev-1-7"] and not taken.annotation["preexisting"]
+    assert "evidence ev-1-7" in taken.annotation["reason"]
 
 
 def test_second_round_changes_nothing_and_release_frees_a_place():
@@ -141,6 +148,14 @@ def test_show_remediate_ack_round_trip(tmp_path, capsys):
         out = capsys.readouterr().out
         # its place goes to the next faulty node in the same round
         assert starts(out, f"release {cordoned}") == 1 and starts(out, "cordon ") == 1, out
+        annotations = Client({"server": emu.url}, cordoned).get_node()["metadata"].get(
+            "annotations") or {}
+        assert not [k for k in annotations if k.startswith("gpuprov.io/health-remediate")]
+        held = next(n["node"] for n in doc["nodes"] if n["cordoned_by"] != "gpuprov")
+        record = Client({"server": emu.url}, "gpu-kepler").get_node()["metadata"]["annotations"]
+        assert record["gpuprov.io/health-remediate-was-cordoned"] == "false"
+        assert "evidence ev-b-1" in record["gpuprov.io/health-remediate-cordon-reason"]
+        assert held != cordoned
         events = Client({"server": emu.url}, "x")._request(
             "GET", "/api/v1/namespaces/default/events")["items"]
         assert {e["reason"] for e in events} >= {"GpuprovCordon", "GpuprovRelease"}
