@@ -181,3 +181,12 @@ def test_verify_k8s_health_fails_with_the_conditions_message():
     assert bad.status == "problem" and "evidence ev-1-7" in bad.message
     assert k8s.health(ClusterFacts(settings, None, node("a", False))).status == "pass"
     assert k8s.health(ClusterFacts(settings, None, node("a", agent=False))).status == "skip"
+
+
+def test_status_line_shows_the_nodes_health():
+    from gpuprov.commands import status
+
+    line = status._health_line(fleet.node_health(node("a", True, unschedulable=True)))
+    assert line.startswith(", health GPUFault, cordoned by admin (gpuprov.io/GPUFault XID79")
+    assert status._health_line(fleet.node_health(node("a"))) == ", health ok"
+    assert status._health_line(None) == ""
