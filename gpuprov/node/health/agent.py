@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import sys
 import tempfile
 import threading
@@ -355,7 +356,9 @@ class Agent:
         done = 0
         next_cycle = time.monotonic()
         while not self.stopping.is_set():
-            timeout = max(0.0, next_cycle - time.monotonic())
+            # At most a second asleep: a stop (SIGTERM from systemd) is seen within a second,
+            # even when it came during a check cycle.
+            timeout = min(1.0, max(0.0, next_cycle - time.monotonic()))
             batch = []
             try:
                 batch.append(self.queue.get(timeout=timeout))
@@ -428,8 +431,9 @@ def main(argv: list[str] | None, evaluate: Evaluate) -> int:
         agent.start()
         agent.run_cycle()
         return 0
-    try:
-        agent.run()
-    except KeyboardInterrupt:
-        agent.stop()
+    # systemd stops the service with SIGTERM: finish the batch or cycle at hand (its state is
+    # saved at the end of each), then exit 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: agent.stop())
+    agent.run()
     return 0
