@@ -15,7 +15,7 @@ import sys
 from gpuprov import __version__
 from gpuprov.errors import ExitCode, GpuprovError
 
-COMMAND_MODULES = ("hw", "probe", "verify", "status", "manifests", "bom", "lab")
+COMMAND_MODULES = ("hw", "probe", "verify", "status", "health", "manifests", "bom", "lab")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -140,15 +140,29 @@ class ProbeUnreachable(ProbeError):
         super().__init__(message, host=host, code=ExitCode.UNREACHABLE)
 
 
-# The programs a payload can run on a node: the probe (reads only), and the MIG stage's
-# applier (gpuprov/node/mig_apply.py, which changes the GPUs' MIG layout; the gpu_mig role's).
-ENTRIES = {"probe": "gpuprov.node.probe.__main__", "mig-apply": "gpuprov.node.mig_apply"}
+# The programs a payload can run on a node: the probe (reads only), the MIG stage's applier
+# (gpuprov/node/mig_apply.py, which changes the GPUs' MIG layout; the gpu_mig role's), and the
+# health agent (gpuprov/node/health/, run with verify's node phase as its checks; the
+# gpu_health role installs its script as a file and runs it as a service).
+ENTRIES = {"probe": "gpuprov.node.probe.__main__", "mig-apply": "gpuprov.node.mig_apply",
+           "health-agent": "gpuprov.verify.node_phase"}
+
+# What the health agent needs beyond the node folder: verify's node phase (the same checks as
+# `gpuprov verify`, gpuprov/verify/node_phase.py) and what those import, and prometheus_client
+# (pure Python; its framework adapters, which need twisted, django or aiohttp, are left out).
+HEALTH_AGENT_FILES = ("gpuprov/runtime_mode.py", "gpuprov/verify/__init__.py",
+                      "gpuprov/verify/findings.py", "gpuprov/verify/facts.py",
+                      "gpuprov/verify/node_phase.py", "gpuprov/verify/checks/__init__.py",
+                      "gpuprov/verify/checks/_util.py", "gpuprov/verify/checks/host.py",
+                      "gpuprov/verify/checks/nvml.py", "gpuprov/verify/checks/driver.py",
+                      "gpuprov/verify/checks/gpu.py", "gpuprov/verify/checks/runtime.py")
+PROMETHEUS_CLIENT_SKIP = ("twisted", "django", "aiohttp", "bridge")
 
 
 def payload_files(entry: str = "probe") -> dict[str, Path]:
     """Archive name -> source file: everything under gpuprov/node/ (the folder is what runs on
     a node), the modules of gpuprov/nvidia/ that it imports, the packages' __init__.py files
-    and pynvml. The same files for every entry: the entry only picks the module that runs."""
+    and pynvml; for the health agent also HEALTH_AGENT_FILES and prometheus_client."""
     if entry not in ENTRIES:
         raise ValueError(f"no payload entry {entry!r} (one of {', '.join(ENTRIES)})")
     # Found, not imported: the controller never calls NVML, and importing pynvml costs as much
@@ -160,6 +174,11 @@ def payload_files(entry: str = "probe") -> dict[str, Path]:
     node = sorted((package / "node").rglob("*.py"))
     files = {"gpuprov/__init__.py": package / "__init__.py"}
     files.update({f"gpuprov/{path.relative_to(package).as_posix()}": path for path in node})
+    if entry == "health-agent":
+        extra = [package.parent / name for name in HEALTH_AGENT_FILES]
+        files.update({name: package.parent / name for name in HEALTH_AGENT_FILES})
+        node = node + extra
+        files.update(_prometheus_client_files())
     facts = nvidia_imports(node)
     if facts:
         files["gpuprov/nvidia/__init__.py"] = package / "nvidia" / "__init__.py"
@@ -169,12 +188,23 @@ def payload_files(entry: str = "probe") -> dict[str, Path]:
     return files
 
 
+def _prometheus_client_files() -> dict[str, Path]:
+    spec = importlib.util.find_spec("prometheus_client")
+    if spec is None or not spec.origin:
+        raise ImportError("No module named 'prometheus_client' (install prometheus_client)",
+                          name="prometheus_client")
+    root = Path(spec.origin).parent
+    return {f"prometheus_client/{path.relative_to(root).as_posix()}": path
+            for path in sorted(root.rglob("*.py"))
+            if path.relative_to(root).parts[0] not in PROMETHEUS_CLIENT_SKIP}
+
+
 # How node code imports NVIDIA's facts: `from ...nvidia import hardware` (relative, so that it
 # works as ansible.module_utils.gpuprov too). Read with a pattern, not ast: parsing the folder
 # costs 20 ms per process, ten times the cached script's read; tests/unit/test_package_layout.py
 # checks that the pattern finds what ast finds.
-_NVIDIA_IMPORT = re.compile(rb"^[ \t]*from[ \t]+(?:\.+|gpuprov\.)nvidia[ \t]+import[ \t]+"
-                            rb"([\w, \t]+?)[ \t]*(?:#.*)?$", re.M)
+_NVIDIA_IMPORT = re.compile(rb"^[ \t]*from[ \t]+(?:\.+|gpuprov\.)nvidia(?:\.(\w+))?[ \t]+"
+                            rb"import[ \t]+([\w, \t]+?)[ \t]*(?:#.*)?$", re.M)
 
 
 def nvidia_imports(paths: list[Path]) -> set[str]:
@@ -183,7 +213,12 @@ def nvidia_imports(paths: list[Path]) -> set[str]:
     todo = list(paths)
     while todo:
         for match in _NVIDIA_IMPORT.finditer(todo.pop().read_bytes()):
-            for name in match.group(1).decode().replace(" ", "").replace("\t", "").split(","):
+            # `from gpuprov.nvidia.hardware import classify` names the module itself
+            # and `import x as y` imports x
+            names = ([match.group(1).decode()] if match.group(1) else
+                     [part.split()[0] for part in match.group(2).decode().split(",")
+                      if part.strip()])
+            for name in names:
                 if name and name not in found:
                     found.add(name)
                     todo.append(Path(gpuprov.__file__).parent / "nvidia" / f"{name}.py")

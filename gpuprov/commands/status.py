@@ -105,10 +105,42 @@ def _mig_rows(row: Mapping[str, Any]) -> list[list[Any]]:
             for d in (row["mig"] or {}).get("devices") or []]
 
 
-def _table(results: Sequence[Any]) -> str:
+def _health(node_list: Sequence[Any]) -> dict[str, Any]:
+    """Each node's gpuprov health (gpuprov/health/fleet.py) from one LIST of nodes, where the
+    inventory names a kubeconfig; {} otherwise, or when the API cannot be read (said once)."""
+    kubeconfig = next((n.kubeconfig for n in node_list if n.kubeconfig), None)
+    if kubeconfig is None:
+        return {}
+    try:
+        from kubernetes import client
+
+        from gpuprov.health import fleet
+        from gpuprov.verify import cluster
+
+        api = cluster.api_client(kubeconfig, None)
+        items = client.ApiClient().sanitize_for_serialization(
+            client.CoreV1Api(api).list_node().items)
+    except Exception as exc:  # the GPU table is the point; health is extra
+        sys.stderr.write(f"gpuprov: node health not shown: {type(exc).__name__}: {exc}\n")
+        return {}
+    return {h.name: h for h in fleet.fleet(items)}
+
+
+def _health_line(health: Any) -> str:
+    if health is None:
+        return ""
+    problems = "; ".join(f"{c['type']} {c.get('reason')} since {c.get('lastTransitionTime')}"
+                         for c in health.problems)
+    cordon = f", cordoned by {health.cordoned_by}" if health.cordoned_by != "-" else ""
+    return f", health {health.state}{cordon}" + (f" ({problems})" if problems else "")
+
+
+def _table(results: Sequence[Any], health: Mapping[str, Any] | None = None) -> str:
     lines = []
+    health = health or {}
     for result in results:
         name = result.node.name
+        extra = _health_line(health.get(result.node.node_name))
         if result.report is None:
             lines.append(f"{name}: {'unreachable' if result.unreachable else 'probe failed'}: "
                          f"{result.error}")
@@ -120,10 +152,10 @@ def _table(results: Sequence[Any]) -> str:
             continue
         if not nvml.get("available"):
             error = (nvml.get("error") or {}).get("name", "unknown error")
-            lines.append(f"{name}: NVML unavailable ({error})")
+            lines.append(f"{name}: NVML unavailable ({error}){extra}")
             continue
         lines.append(f"{name}: driver {nvml.get('driver_version')}, "
-                     f"CUDA {nvml.get('cuda_driver_version')}")
+                     f"CUDA {nvml.get('cuda_driver_version')}{extra}")
         table_rows = []
         for row in rows:
             if "error" in row:
@@ -153,14 +185,17 @@ def run(args: argparse.Namespace) -> int:
 
     node_list = inventory.load(resolve_inventory(args.inventory), args.limit)
     results = nodes.collect(node_list, args.timeout, max(1, args.concurrency))
+    health = _health(node_list)
     if args.json:
         print_json({"schema_version": SCHEMA_VERSION, "nodes": [
             {"node": r.node.name, "error": r.error, "unreachable": r.unreachable,
              "driver_version": ((r.report or {}).get("nvml") or {}).get("driver_version"),
-             "gpus": gpu_rows(r.report) if r.report else []}
+             "gpus": gpu_rows(r.report) if r.report else [],
+             "health": health[r.node.node_name].to_json()
+             if r.node.node_name in health else None}
             for r in results]})
     else:
-        print(_table(results))
+        print(_table(results, health))
     failed = any(r.report is None for r in results)
     if failed:
         sys.stderr.write("gpuprov: some nodes could not be probed\n")

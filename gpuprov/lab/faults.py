@@ -98,6 +98,35 @@ FAULTS: dict[str, Fault] = {
             "bus\"), as on a GPU that needs a reset or a reseat",
             per_gpu=True, layer="kmsg",
         ),
+        Fault(
+            "xid-48",
+            "the kernel log has the driver's XID 48 for one GPU (an uncorrectable double-bit "
+            "ECC error)",
+            per_gpu=True, layer="kmsg",
+        ),
+        Fault(
+            "xid-94-mig",
+            "the kernel log has a contained ECC error (XID 94) attributed to GPU instance 1 of "
+            "one GPU, in the driver's MIG form (\"PCI:... GPU-I:01\")",
+            per_gpu=True, layer="kmsg",
+        ),
+        Fault(
+            "xid-95-mig",
+            "the kernel log has an uncontained ECC error (XID 95, \"RST: Yes\") for one GPU "
+            "(use it on a MIG GPU: uncontained errors are not attributed to an instance)",
+            per_gpu=True, layer="kmsg",
+        ),
+        Fault(
+            "xid-storm",
+            "a storm: 5000 records of the same XID 95 for one GPU in the kernel log",
+            per_gpu=True, layer="kmsg",
+        ),
+        Fault(
+            "fallen-off-bus",
+            "the kernel log has the driver's \"GPU ... has fallen off the bus\" line for one "
+            "GPU, with no XID line beside it (older drivers, gpud PR 1209)",
+            per_gpu=True, layer="kmsg",
+        ),
     )
 }
 

@@ -15,6 +15,7 @@ simulation does and does not do: lab/SIMULATION.md.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -51,7 +52,30 @@ FAULTS_FILE = "faults"
 KMSG_FILE = "kmsg"
 KMSG_BOOT = "6,0,0,-;Linux version (gpuprov lab: simulated kernel log, see lab/SIMULATION.md)\n"
 # "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus." per kernel-log fault.
-XID_MESSAGES = {"xid-79": (79, "GPU has fallen off the bus.")}
+# The kernel-log faults (layer "kmsg" of lab/faults.py): name -> (message with {pci} the
+# kernel's "0000:3b:00" and {bdf} the full address, how many records). Formats: krcReportXid's
+# and the error-containment log of NVIDIA's open-gpu-kernel-modules (the MIG form with
+# " GPU-I:NN"), and the driver's "GPU ... has fallen off the bus" line that comes without an
+# XID (tests/fixtures/health has real ones, with their sources).
+XID_MESSAGES = {
+    "xid-79": ("NVRM: Xid (PCI:{pci}): 79, pid=1234, name=python3, GPU has fallen off the bus.",
+               1),
+    "xid-48": ("NVRM: Xid (PCI:{pci}): 48, pid=1234, name=python3, An uncorrectable double "
+               "bit error (DBE) has been detected on GPU in the framebuffer at partition 1, "
+               "subpartition 0.", 1),
+    "xid-94-mig": ("NVRM: Xid (PCI:{pci} GPU-I:01): 94, pid=7194, Contained: CE User Channel "
+                   "(0x9). RST: No, D-RST: No", 1),
+    "xid-95-mig": ("NVRM: Xid (PCI:{pci}): 95, pid=7062, Uncontained: LTC TAG (0x2, 0x1). "
+                   "RST: Yes, D-RST: No", 1),
+    # A storm of one XID on one GPU (NVSentinel #1120 saw 800,000 duplicate XID 95 lines).
+    "xid-storm": ("NVRM: Xid (PCI:{pci}): 95, pid=7062, Uncontained: LTC TAG (0x2, 0x1). "
+                  "RST: Yes, D-RST: No", 5000),
+    "fallen-off-bus": ("NVRM: GPU {bdf}: GPU has fallen off the bus.", 1),
+}
+# Sequence numbers the node's kernel log has handed out: {"next": n, "records": {"name idx":
+# first seq}}, so that a record keeps its seq when the file is rewritten and a new one always
+# gets a higher seq, as /dev/kmsg numbers records (a follower dedupes by seq).
+KMSG_SEQ_FILE = "kmsg-seq.json"
 
 # sysfs spells the link rate per generation like this (Linux 6.x).
 LINK_SPEED = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe",
@@ -150,6 +174,7 @@ def write_node_state(node_dir: Path, node_name: str, profile: NodeProfile) -> No
         )
     _write_pci_tree(node_dir / PCI_DIR, functions)
     _write_in_place(node_dir / KMSG_FILE, KMSG_BOOT)
+    (node_dir / KMSG_SEQ_FILE).unlink(missing_ok=True)
     sim = node_dir / SIM_DIR
     if not gpus:
         if sim.exists():
@@ -310,15 +335,30 @@ def _write_kernel_log(node_dir: Path, entries: list[tuple[str, int | None]]) -> 
     bus_ids = [line.split("=", 1)[1].strip()
                for line in (node_dir / SIM_DIR / NVML_CONF).read_text().splitlines()
                if line.startswith("pci_bus_id")]
-    records = [KMSG_BOOT]
-    for seq, (name, idx) in enumerate(((n, i) for n, i in entries if n in XID_MESSAGES), 1):
-        xid, text = XID_MESSAGES[name]
+    seq_path = node_dir / KMSG_SEQ_FILE
+    try:
+        seqs = json.loads(seq_path.read_text())
+    except (FileNotFoundError, ValueError):
+        seqs = {"next": 1, "records": {}}
+    records = []
+    for name, idx in entries:
+        if name not in XID_MESSAGES:
+            continue
+        text, count = XID_MESSAGES[name]
+        key = f"{name} {idx}"
+        if key not in seqs["records"]:
+            seqs["records"][key] = seqs["next"]
+            seqs["next"] += count
+        first = seqs["records"][key]
         # NVML's "00000000:3B:00.0" -> the kernel's "0000:3b:00".
         domain, bus, dev_fn = bus_ids[idx or 0].lower().split(":")
         pci = f"{domain[-4:]}:{bus}:{dev_fn.split('.')[0]}"
-        records.append(f"3,{seq},{seq * 1000000},-;NVRM: Xid (PCI:{pci}): {xid}, "
-                       f"pid=1234, name=python3, {text}\n")
-    _write_in_place(node_dir / KMSG_FILE, "".join(records))
+        message = text.format(pci=pci, bdf=f"{pci}.{dev_fn.split('.')[1]}")
+        records += [(seq, f"3,{seq},{seq * 1000},-;{message}\n")
+                    for seq in range(first, first + count)]
+    _write_atomic(seq_path, json.dumps(seqs, sort_keys=True))
+    _write_in_place(node_dir / KMSG_FILE,
+                    KMSG_BOOT + "".join(record for _, record in sorted(records)))
 
 
 def _gpu_count(sim: Path) -> int:

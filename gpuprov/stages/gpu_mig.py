@@ -12,9 +12,10 @@ also cordoned and its GPU pods are evicted first (mig-manager expects the GPUs i
 failure keeps it cordoned with the reason in an annotation, so that it is never left with no
 GPUs and no word why (gpu-operator issue #2833).
 
-The Node's gpuprov.io/mig-* annotations are the stage's memory between runs, as the driver
-upgrade's (gpuprov/stages/gpu_node_upgrade.py): whether the node was cordoned before the stage
-cordoned it, the plugin label's value before the pause, and why the last change failed.
+The Node's gpuprov.io/mig-* annotations are the stage's memory between runs: the cordon's
+record and the failure's reason (gpuprov/cordon.py, owner "gpu-mig", through the
+gpu_node_maintenance role, as the driver upgrade's), and the plugin label's value before the
+pause (this module's).
 """
 
 from __future__ import annotations
@@ -24,17 +25,18 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpuprov import cordon
 from gpuprov.nvidia import mig
-from gpuprov.stages import _task_failure
 
 CONFIG_LABEL = "nvidia.com/mig.config"
 STATE_LABEL = "nvidia.com/mig.config.state"
 PLUGIN_DEPLOY_LABEL = "nvidia.com/gpu.deploy.device-plugin"
 PAUSED = "paused-for-mig-change"
-FAILED = "gpuprov.io/mig-failed"
-WAS_CORDONED = "gpuprov.io/mig-was-cordoned"
+OWNER = "gpu-mig"  # gpuprov/cordon.py's owner: the gpuprov.io/mig-* annotations
+FAILED = cordon.keys(OWNER).failed
+WAS_CORDONED = cordon.keys(OWNER).was_cordoned
 PLUGIN_WAS = "gpuprov.io/mig-device-plugin-deploy"  # "" where the label was not set
-ANNOTATIONS = (FAILED, WAS_CORDONED, PLUGIN_WAS)
+ANNOTATIONS = (*cordon.keys(OWNER).all, PLUGIN_WAS)
 # The resources of NVIDIA's device plugin: whole GPUs, and MIG devices under mixed.
 _GPU_RESOURCE = re.compile(r"^nvidia\.com/(gpu|mig-[0-9a-z.]+)$")
 
@@ -78,8 +80,10 @@ def plan(report: Mapping[str, Any], config: str | None, configs: Any = None,
     layout name (gpu_mig_config; None: MIG is not managed on the node), `configs` a mig-parted
     document (None: gpuprov's defaults, gpuprov.nvidia.mig.default_configs()), `node` the Node.
 
-    -> {"managed", "capable", "change": {index: why}, "skip", "unfinished", "summary",
-        "apply": the applier's plan, "start_patch", "done_patch", "labels_patch"}
+    -> {"managed", "capable", "change": {index: why}, "skip", "unfinished", "was_cordoned",
+        "summary", "reason", "apply": the applier's plan, "take_patch", "done_patch",
+        "failed_patch" (merged into gpu_node_maintenance's take, give_back and failed
+        patches), "labels_patch"}
     StageError when the settings or the node cannot take the layout (before any change)."""
     if not config:
         return {"managed": False, "capable": [], "change": {}, "skip": True, "unfinished": [],
@@ -101,13 +105,9 @@ def plan(report: Mapping[str, Any], config: str | None, configs: Any = None,
         why = mig.difference(by_index[layout.index].get("mig"), layout, layout.index)
         if why:
             change[layout.index] = why
-    unfinished = [key for key in ANNOTATIONS if key in _annotations(node)]
-    skip = not change and not unfinished
     annotations = _annotations(node)
-    if WAS_CORDONED in annotations:
-        was_cordoned = annotations[WAS_CORDONED] == "true"
-    else:
-        was_cordoned = bool(((node or {}).get("spec") or {}).get("unschedulable"))
+    unfinished = [key for key in ANNOTATIONS if key in annotations]
+    skip = not change and not unfinished
     plugin_was = annotations.get(PLUGIN_WAS, _labels(node).get(PLUGIN_DEPLOY_LABEL) or "")
     if plugin_was == PAUSED:  # paused by someone else's unfinished change: give it back on
         plugin_was = ""
@@ -123,41 +123,38 @@ def plan(report: Mapping[str, Any], config: str | None, configs: Any = None,
                    f"({', '.join(unfinished)}): giving the node back")
     else:
         summary = f"layout {config} is in place on {len(capable)} MIG-capable GPU(s)"
+    # The cordon, its record, the host's GPU clients and the failure's reason are the
+    # gpu_node_maintenance role's (gpuprov/cordon.py); these are the MIG stage's own parts of
+    # the same patches.
     return {
         "managed": True,
         "capable": capable,
         "change": change,
         "skip": skip,
         "unfinished": unfinished,
-        "was_cordoned": was_cordoned,
+        "was_cordoned": cordon.was_cordoned(node, OWNER),
         "summary": summary,
+        "reason": f"gpuprov is changing the MIG layout to {config}",
         "apply": {**apply, "gpus": [g for g in apply["gpus"] if g["index"] in change]},
-        # Before any change: what to give back is recorded first, so that a run stopped at any
-        # point is finished by the next one.
-        "start_patch": {
-            "spec": {"unschedulable": True},
+        # With the cordon: state pending, the device plugin paused, and the plugin label's
+        # value recorded, so that a run stopped at any point is finished by the next one.
+        "take_patch": {
             "metadata": {"labels": {CONFIG_LABEL: str(config), STATE_LABEL: "pending",
                                     PLUGIN_DEPLOY_LABEL: PAUSED},
-                         "annotations": {WAS_CORDONED: str(was_cordoned).lower(),
-                                         PLUGIN_WAS: plugin_was}},
+                         "annotations": {PLUGIN_WAS: plugin_was}},
         },
         "done_patch": {
-            **({} if was_cordoned else {"spec": {"unschedulable": False}}),
             "metadata": {"labels": {**success, PLUGIN_DEPLOY_LABEL: restore_plugin},
-                         "annotations": dict.fromkeys(ANNOTATIONS)},
+                         "annotations": {PLUGIN_WAS: None}},
         },
         # A node whose layout is in place: only mig-manager's labels (no change when they are
         # there already).
         "labels_patch": {"metadata": {"labels": success}} if capable else None,
-        "failed_labels": {STATE_LABEL: "failed", PLUGIN_DEPLOY_LABEL: restore_plugin},
+        # The node stays cordoned, `failed`; the device plugin comes back, so that the GPUs
+        # the node still has are offered (and counted by verify) rather than none.
+        "failed_patch": {"metadata": {"labels": {STATE_LABEL: "failed",
+                                                 PLUGIN_DEPLOY_LABEL: restore_plugin}}},
     }
-
-
-def failure_patch(reason: str, failed_labels: Mapping[str, Any]) -> dict[str, Any]:
-    """The node stays cordoned, `failed`, with the reason; the device plugin comes back, so
-    that the GPUs the node still has are offered (and counted by verify) rather than none."""
-    return {"spec": {"unschedulable": True},
-            "metadata": {"labels": dict(failed_labels), "annotations": {FAILED: reason}}}
 
 
 def _requests_gpu(pod: Mapping[str, Any]) -> bool:
@@ -204,10 +201,3 @@ def applied(stdout: str, rc: Any) -> dict[str, Any]:
                 return report
     return {"error": f"the MIG applier exited {rc} without a report", "gpus": []}
 
-
-def failure(task: Any, result: Any, failed_labels: Mapping[str, Any]) -> dict[str, Any]:
-    """In the role's rescue: the reason (the failed task and its message, one line) and the
-    patch that keeps the node cordoned with it."""
-    reason = _task_failure.reason(task, result)
-    return {"reason": reason, "annotation": FAILED,
-            "patch": failure_patch(reason, failed_labels)}

@@ -5,20 +5,19 @@ is decided here.
 
     plan(probe, node, version, branch)   {"installed", "module", "target", "at_target",
                                           "unfinished", "skip", "was_cordoned", "summary",
-                                          "start_patch", "done_patch"}
+                                          "reason"}
     drain(timeout, force, delete_emptydir_data)
                                          {"timeout", "delete_options", "retries", "delay"}
                                          (k8s_drain's delete_options)
     pods_left(pods)                      ["namespace/name", ...]: pods the drain should have
                                          removed that are still running
-    consumers(stdout, units, started_by_driver)
-                                         {"stop": [unit, ...], "start": [unit, ...]}
     verify_failures(stdout, rc, stderr)  "gpuprov verify exited 1: FAIL gpu.ecc ... | ..."
-    failure(task, result)                {"reason", "annotation", "patch"}
 
-The Node's upgrade annotations (ANNOTATIONS) are the role's memory between runs: whether the
-node was cordoned before the upgrade cordoned it (so that a rollout stopped at any point gives
-back only what it took), and why the last upgrade failed.
+The cordon, its record on the Node, the host's GPU clients and the failure's annotation are
+the gpu_node_maintenance role's (gpuprov/cordon.py, owner "gpu-node-upgrade": the
+gpuprov.io/upgrade-* annotations), shared with the MIG stage and health remediation. The
+record is the role's memory between runs: a rollout stopped at any point gives back only what
+it took, and a node that failed is upgraded again.
 """
 
 from __future__ import annotations
@@ -29,12 +28,13 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpuprov import cordon
 from gpuprov.nvidia import driver_advisories
 from gpuprov.stages import _task_failure
 
-FAILED = "gpuprov.io/upgrade-failed"
-WAS_CORDONED = "gpuprov.io/upgrade-was-cordoned"
-ANNOTATIONS = (FAILED, WAS_CORDONED)
+OWNER = "gpu-node-upgrade"  # gpuprov/cordon.py's owner: the gpuprov.io/upgrade-* annotations
+FAILED = cordon.keys(OWNER).failed
+WAS_CORDONED = cordon.keys(OWNER).was_cordoned
 # Between two drain attempts: each one is an eviction request per pod, refused (HTTP 429) while
 # a PodDisruptionBudget allows no disruption.
 DRAIN_DELAY = 10
@@ -100,14 +100,7 @@ def plan(probe: Mapping, node: Mapping, version: Any = None, branch: Any = None,
         if found is not None and found.vulnerable:
             at_version, floor = False, found.install
     at_target = at_version and (module is None or module == library)
-    metadata = node.get("metadata") or {}
-    annotations = metadata.get("annotations") or {}
-    unfinished = [key for key in ANNOTATIONS if key in annotations]
-    if WAS_CORDONED in annotations:
-        # An earlier run cordoned the node: what it recorded then is what the node was before.
-        was_cordoned = annotations[WAS_CORDONED] == "true"
-    else:
-        was_cordoned = bool((node.get("spec") or {}).get("unschedulable"))
+    unfinished = cordon.unfinished(node, OWNER)
     skip = at_target and not unfinished
     target = pattern if pattern is not None else f"{branch}.x" + (
         f" (at least {floor}, NVIDIA's security fixes)" if floor else "")
@@ -118,14 +111,10 @@ def plan(probe: Mapping, node: Mapping, version: Any = None, branch: Any = None,
         "at_target": at_target,
         "unfinished": unfinished,
         "skip": skip,
-        "was_cordoned": was_cordoned,
+        # An earlier run's record, else the node's cordon now (an admin's).
+        "was_cordoned": cordon.was_cordoned(node, OWNER),
         "summary": _summary(library, module, target, skip, unfinished),
-        "start_patch": {"metadata": {"annotations": {WAS_CORDONED: str(was_cordoned).lower()}}},
-        # Uncordoned only if the upgrade cordoned it; the annotations go either way.
-        "done_patch": {
-            **({} if was_cordoned else {"spec": {"unschedulable": False}}),
-            "metadata": {"annotations": dict.fromkeys(ANNOTATIONS)},
-        },
+        "reason": f"gpuprov is upgrading the NVIDIA driver to {target}",
     }
 
 
@@ -200,17 +189,6 @@ def pods_left(pods: Iterable[Mapping]) -> list[str]:
     return left
 
 
-def consumers(stdout: str, units: Iterable[str],
-              started_by_driver: Iterable[str] = ()) -> dict[str, list[str]]:
-    """Which of the host's GPU consumers (`units`) run, from `systemctl list-units
-    --state=active --plain --no-legend <units>`: all of them are stopped for the driver, and
-    started again after it except those the driver role starts itself."""
-    own = set(started_by_driver)
-    active = {line.split()[0] for line in stdout.splitlines() if line.split()}
-    running = [unit for unit in units if unit in active]
-    return {"stop": running, "start": [unit for unit in running if unit not in own]}
-
-
 def verify_failures(stdout: Any, rc: Any, stderr: Any = "") -> str:
     """Why `gpuprov verify --limit <node>` did not pass, in one line: its exit code and its
     FAIL and ERROR lines (the table's rows start with the status), else the last line it
@@ -223,13 +201,3 @@ def verify_failures(stdout: Any, rc: Any, stderr: Any = "") -> str:
         problems = [_task_failure.one_line(last[-1])] if last else ["see its report"]
     return f"gpuprov verify exited {rc}: {' | '.join(problems)}"
 
-
-def failure(task: Any, result: Any) -> dict:
-    """In the role's rescue: the reason (the failed task's name and its message, one line of
-    at most REASON_MAX characters), and the patch that keeps the node cordoned with it."""
-    reason = _task_failure.reason(task, result)
-    return {
-        "reason": reason,
-        "annotation": FAILED,
-        "patch": {"spec": {"unschedulable": True}, "metadata": {"annotations": {FAILED: reason}}},
-    }

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuprov.verify.inventory import Node
+if TYPE_CHECKING:  # inventory needs fabric; the node phase also runs on nodes (node_phase.py)
+    from gpuprov.verify.inventory import Node
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,8 +9,12 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from gpuprov.errors import GpuprovError
-from gpuprov.verify import checks as _registered  # noqa: F401 (registers every check)
-from gpuprov.verify import cluster, containers, nodes, pods, swarm
+from gpuprov.verify import checks as _registered  # noqa: F401 (registers the node phase)
+from gpuprov.verify import cluster, containers, node_phase, nodes, pods, swarm
+from gpuprov.verify.checks import k8s as _k8s_checks  # noqa: F401 (then the cluster phase)
+from gpuprov.verify.checks import pods as _pod_checks  # noqa: F401 (the pod phase)
+from gpuprov.verify.checks import containers as _container_checks  # noqa: F401 (Docker hosts)
+from gpuprov.verify.checks import swarm as _swarm_checks  # noqa: F401 (and Swarm)
 from gpuprov.verify.checks.host import PROBE_CHECK
 from gpuprov.verify.facts import ClusterFacts, ContainerFacts, NodeFacts, PodFacts, SwarmFacts
 from gpuprov.verify.findings import (
@@ -19,7 +23,6 @@ from gpuprov.verify.findings import (
     FAIL,
     Check,
     Finding,
-    errored,
     skipped,
 )
 from gpuprov.verify.inventory import Node
@@ -56,13 +59,7 @@ def select_checks(only: Iterable[str] = (), skip: Iterable[str] = ()) -> list[Ch
             and not any(_matches(c.id, p) for p in skip)]
 
 
-def _evaluate(check: Check, node: str, facts: NodeFacts | ClusterFacts) -> Finding:
-    try:
-        verdict = check.func(facts)
-    except Exception as exc:  # a check's bug is reported on its line, not as a crash
-        log.debug("check %s on %s crashed", check.id, node, exc_info=True)
-        verdict = errored(f"check crashed: {type(exc).__name__}: {exc}")
-    return check.finding(node, verdict)
+_evaluate = node_phase.evaluate_one
 
 
 def node_findings(results: Sequence[nodes.ProbeResult], selected: Sequence[Check]) -> list[Finding]:
@@ -83,12 +80,7 @@ def node_findings(results: Sequence[nodes.ProbeResult], selected: Sequence[Check
             findings += [c.finding(name, skipped(f"not checked: no probe report ({PROBE_CHECK})"))
                          for c in node_checks if c.id != PROBE_CHECK]
             continue
-        gpu_node = bool(facts.pci)
-        for check in node_checks:
-            if check.gpu_only and not gpu_node:
-                findings.append(check.finding(name, skipped("no NVIDIA GPU on PCI")))
-            else:
-                findings.append(_evaluate(check, name, facts))
+        findings += node_phase.evaluate(facts, node_checks)
     return findings
 
 

@@ -6,12 +6,13 @@ node's MIG layout through gpuprov/node/mig_apply.py); what to do with what it re
 on the controller.
 
     probe | gpuprov_mig_plan(config, configs=None, node=None)
-        -> {"managed", "capable", "change", "skip", "summary", "apply", "start_patch",
-            "done_patch", "labels_patch", "failed_labels", ...}
+        -> {"managed", "capable", "change", "skip", "summary", "reason", "apply",
+            "take_patch", "done_patch", "failed_patch", "labels_patch", ...}
     pods | gpuprov_mig_gpu_pods          -> [{"namespace", "name"}, ...] to evict
     stdout | gpuprov_mig_applied(rc)     -> the applier's report, or why it has none
-    ansible_failed_task | gpuprov_mig_failure(ansible_failed_result, failed_labels)
-        -> {"reason", "annotation", "patch"}
+
+The cordon, the host's GPU clients and the failure's annotation are the gpu_node_maintenance
+role's (plugins/filter/gpu_node_maintenance.py).
 """
 
 from __future__ import annotations
@@ -44,10 +45,4 @@ def gpuprov_mig_applied(stdout: Any, rc: Any) -> dict:
     return support.stage("gpu_mig").applied(str(stdout or ""), rc)
 
 
-def gpuprov_mig_failure(task: Any, result: Any, failed_labels: Any) -> dict:
-    return support.stage("gpu_mig").failure(
-        task, result, failed_labels if isinstance(failed_labels, Mapping) else {})
-
-
-FilterModule = support.filter_module(gpuprov_mig_plan, gpuprov_mig_gpu_pods, gpuprov_mig_applied,
-                                     gpuprov_mig_failure)
+FilterModule = support.filter_module(gpuprov_mig_plan, gpuprov_mig_gpu_pods, gpuprov_mig_applied)

@@ -1,27 +1,22 @@
 """Filters of the gpu_node_upgrade role (playbooks/upgrade-driver.yml;
-gpuprov/stages/gpu_node_upgrade.py decides). gpu_mig stops and starts the host's GPU consumers
-with gpuprov_upgrade_consumers too.
+gpuprov/stages/gpu_node_upgrade.py decides). The cordon, the host's GPU clients and the
+failure's annotation are the gpu_node_maintenance role's filters.
 
     probe | gpuprov_upgrade_plan(node, version=nvidia_driver_version, branch=...)
         -> {"installed", "module", "target", "at_target", "unfinished", "skip",
-            "was_cordoned", "summary", "start_patch", "done_patch"}
+            "was_cordoned", "summary", "reason"}
     timeout | gpuprov_upgrade_drain(force=False, delete_emptydir_data=False)
         -> {"timeout", "delete_options", "retries", "delay"}   (k8s_drain's delete_options)
     pods | gpuprov_upgrade_pods_left
         -> ["namespace/name", ...]   pods the drain should have removed that are still running
-    stdout | gpuprov_upgrade_consumers(units, started_by_driver)
-        -> {"stop": [unit, ...], "start": [unit, ...]}
     stdout | gpuprov_upgrade_verify_failures(rc, stderr)
         -> "gpuprov verify exited 1: FAIL gpu.ecc ... | ..."
-    ansible_failed_task | gpuprov_upgrade_failure(ansible_failed_result)
-        -> {"reason", "annotation", "patch"}
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ansible.errors import AnsibleFilterError
 from ansible_collections.gpuprov.cluster.plugins.plugin_utils import gpuprov_support as support
 
 
@@ -50,24 +45,10 @@ def gpuprov_upgrade_pods_left(pods: Any) -> list[str]:
         support.items(pods, "gpuprov_upgrade_pods_left", "Pod objects"))
 
 
-def gpuprov_upgrade_consumers(stdout: Any, units: Any,
-                              started_by_driver: Any = ()) -> dict[str, list[str]]:
-    name = "gpuprov_upgrade_consumers"
-    if not isinstance(stdout, str):
-        raise AnsibleFilterError(f"{name} expects systemctl's stdout, got {stdout!r}")
-    return support.stage("gpu_node_upgrade").consumers(
-        stdout, support.items(units, name, "unit names"),
-        support.items(started_by_driver, name, "the units the driver role starts"))
-
-
 def gpuprov_upgrade_verify_failures(stdout: Any, rc: Any, stderr: Any = "") -> str:
     return support.stage("gpu_node_upgrade").verify_failures(stdout, rc, stderr)
 
 
-def gpuprov_upgrade_failure(task: Any, result: Any) -> dict:
-    return support.stage("gpu_node_upgrade").failure(task, result)
-
-
 FilterModule = support.filter_module(
     gpuprov_upgrade_plan, gpuprov_upgrade_drain, gpuprov_upgrade_pods_left,
-    gpuprov_upgrade_consumers, gpuprov_upgrade_verify_failures, gpuprov_upgrade_failure)
+    gpuprov_upgrade_verify_failures)

@@ -129,10 +129,11 @@ def test_node_code_imports_the_standard_library_nvidia_and_node_only(path):
         top = name.split(".")[0]
         if top in STDLIB:
             continue
-        if top == "pynvml":
+        if top in ("pynvml", "prometheus_client"):
             # Lazily: a node without the driver still gets a report, and the controller that
-            # builds the payload never imports it.
-            assert not top_level, f"{path.name}: pynvml imported at load time"
+            # builds the payload never imports it (prometheus_client: the health agent's
+            # metrics only, shipped in its payload).
+            assert not top_level, f"{path.name}: {top} imported at load time"
             continue
         assert name == "gpuprov" or name.startswith(("gpuprov.nvidia", "gpuprov.node")), \
             f"{path.name}: {name}"
@@ -149,8 +150,10 @@ def test_node_code_parses_with_the_oldest_python_the_probe_supports(path):
 
 def test_node_code_needs_no_newer_python_than_the_probe_supports(tool):
     """vermin reads the standard library's API too (zip(strict=) is 3.10's): every file the
-    payload ships but pynvml (nvidia-ml-py's own)."""
-    files = [str(p) for name, p in payload.payload_files().items() if name != "pynvml.py"]
+    payload ships but pynvml and prometheus_client (their own projects'; prometheus_client
+    declares Requires-Python >= 3.9), the health agent's payload being the largest."""
+    files = [str(p) for name, p in payload.payload_files("health-agent").items()
+             if name != "pynvml.py" and not name.startswith("prometheus_client/")]
     target = ".".join(map(str, payload.MIN_PYTHON))
     run = subprocess.run([tool("vermin"), f"-t={target}-", "--violations", "--no-tips", *files],
                          capture_output=True, text=True)
@@ -162,14 +165,33 @@ def test_node_code_needs_no_newer_python_than_the_probe_supports(tool):
 
 @pytest.mark.parametrize("entry", sorted(payload.ENTRIES))
 def test_the_payload_is_the_node_folder_and_the_nvidia_facts_it_imports(entry):
-    imported = {name.split(".")[2] for path in _modules(NODE) for name, _, _ in _imports(path)
+    shipped = _modules(NODE)
+    if entry == "health-agent":
+        shipped = shipped + [REPO / name for name in payload.HEALTH_AGENT_FILES]
+    imported = {name.split(".")[2] for path in shipped for name, _, _ in _imports(path)
                 if name.startswith("gpuprov.nvidia.")}
     # The payload reads the imports with a pattern (faster than ast): it must find the same.
-    assert payload.nvidia_imports(_modules(NODE)) == imported
-    expected = {f"gpuprov/{p.relative_to(PACKAGE).as_posix()}" for p in _modules(NODE)}
+    assert payload.nvidia_imports(shipped) == imported
+    expected = {f"gpuprov/{p.relative_to(PACKAGE).as_posix()}" for p in shipped}
     expected |= {"gpuprov/__init__.py", "gpuprov/nvidia/__init__.py", "pynvml.py"}
     expected |= {f"gpuprov/nvidia/{name}.py" for name in imported}
-    assert set(payload.payload_files(entry)) == expected
+    files = set(payload.payload_files(entry))
+    if entry == "health-agent":
+        assert "prometheus_client/__init__.py" in files
+        files = {f for f in files if not f.startswith("prometheus_client/")}
+    assert files == expected
+
+
+def test_the_health_agent_payload_imports_only_what_it_ships():
+    """verify's node phase runs on the node: everything its files import at load time is the
+    standard library or shipped with them (not fabric, kubernetes, yaml ...)."""
+    shipped = {name.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+               for name in payload.payload_files("health-agent")}
+    for name in payload.HEALTH_AGENT_FILES:
+        for module, _, top_level in _imports(REPO / name):
+            if not top_level or module.split(".")[0] in STDLIB:
+                continue
+            assert module in shipped or module.rpartition(".")[0] in shipped, (name, module)
 
 
 def test_the_module_utils_are_the_node_and_nvidia_folders():

@@ -12,6 +12,7 @@ import pytest
 
 from gpuprov.nvidia import mig
 from gpuprov.stages import gpu_mig
+from gpuprov.stages import gpu_node_maintenance as maintenance
 
 PROBES = Path(__file__).parents[1] / "fixtures" / "verify" / "probe"
 
@@ -63,31 +64,43 @@ def test_all_1g_on_eight_whole_h100s_plans_seven_instances_each_largest_first():
 
 
 def test_the_patches_cordon_pause_the_plugin_and_give_back_what_was_there():
-    found = gpu_mig.plan(probe("gpu-hopper"), "all-1g.10gb", None,
-                           node(labels={gpu_mig.PLUGIN_DEPLOY_LABEL: "true"}))
-    start = found["start_patch"]
+    """What the role sends: gpu_node_maintenance's patches with the stage's parts merged in."""
+    before = node(labels={gpu_mig.PLUGIN_DEPLOY_LABEL: "true"})
+    found = gpu_mig.plan(probe("gpu-hopper"), "all-1g.10gb", None, before)
+    start = maintenance.take(before, gpu_mig.OWNER, found["reason"], found["take_patch"])
     assert start["spec"] == {"unschedulable": True}
     assert start["metadata"]["labels"] == {
         gpu_mig.CONFIG_LABEL: "all-1g.10gb", gpu_mig.STATE_LABEL: "pending",
         gpu_mig.PLUGIN_DEPLOY_LABEL: gpu_mig.PAUSED}
-    assert start["metadata"]["annotations"] == {gpu_mig.WAS_CORDONED: "false",
-                                                 gpu_mig.PLUGIN_WAS: "true"}
-    done = found["done_patch"]
+    annotations = start["metadata"]["annotations"]
+    assert annotations[gpu_mig.WAS_CORDONED] == "false"
+    assert annotations[gpu_mig.PLUGIN_WAS] == "true"
+    assert annotations["gpuprov.io/mig-cordon-reason"] == (
+        "gpuprov is changing the MIG layout to all-1g.10gb")
+    assert set(annotations) == set(gpu_mig.ANNOTATIONS) - {gpu_mig.FAILED}
+    taken = node(labels=start["metadata"]["labels"], annotations=annotations, cordoned=True)
+    done = maintenance.give_back(taken, gpu_mig.OWNER, found["done_patch"])
     assert done["spec"] == {"unschedulable": False}
     assert done["metadata"]["labels"][gpu_mig.PLUGIN_DEPLOY_LABEL] == "true"
     assert done["metadata"]["labels"][gpu_mig.STATE_LABEL] == "success"
     assert done["metadata"]["annotations"] == dict.fromkeys(gpu_mig.ANNOTATIONS)
-    failed = gpu_mig.failure_patch("why", found["failed_labels"])
+    failed = maintenance.failure({"name": "Apply"}, {"msg": "why"}, gpu_mig.OWNER,
+                                 found["failed_patch"])["patch"]
     assert failed == {"spec": {"unschedulable": True}, "metadata": {
         "labels": {gpu_mig.STATE_LABEL: "failed", gpu_mig.PLUGIN_DEPLOY_LABEL: "true"},
-        "annotations": {gpu_mig.FAILED: "why"}}}
+        "annotations": {gpu_mig.FAILED: "Apply: why"}}}
 
 
 def test_a_node_cordoned_before_stays_cordoned_and_an_absent_plugin_label_is_removed():
-    found = gpu_mig.plan(probe("gpu-hopper"), "all-1g.10gb", None, node(cordoned=True))
-    assert "spec" not in found["done_patch"]
-    assert found["done_patch"]["metadata"]["labels"][gpu_mig.PLUGIN_DEPLOY_LABEL] is None
-    assert found["start_patch"]["metadata"]["annotations"][gpu_mig.WAS_CORDONED] == "true"
+    before = node(cordoned=True)
+    found = gpu_mig.plan(probe("gpu-hopper"), "all-1g.10gb", None, before)
+    assert found["was_cordoned"] is True
+    start = maintenance.take(before, gpu_mig.OWNER, found["reason"], found["take_patch"])
+    assert start["metadata"]["annotations"][gpu_mig.WAS_CORDONED] == "true"
+    taken = node(annotations=start["metadata"]["annotations"], cordoned=True)
+    done = maintenance.give_back(taken, gpu_mig.OWNER, found["done_patch"])
+    assert "spec" not in done
+    assert done["metadata"]["labels"][gpu_mig.PLUGIN_DEPLOY_LABEL] is None
 
 
 def test_a_rerun_after_a_stop_midway_reads_what_the_first_run_recorded():
@@ -102,8 +115,10 @@ def test_a_rerun_after_a_stop_midway_reads_what_the_first_run_recorded():
     assert found["change"] == {}
     assert found["skip"] is False and found["unfinished"] == [gpu_mig.WAS_CORDONED,
                                                                gpu_mig.PLUGIN_WAS]
-    assert found["done_patch"]["spec"] == {"unschedulable": False}
-    assert found["done_patch"]["metadata"]["labels"][gpu_mig.PLUGIN_DEPLOY_LABEL] is None
+    assert found["was_cordoned"] is False
+    done = maintenance.give_back(midway, gpu_mig.OWNER, found["done_patch"])
+    assert done["spec"] == {"unschedulable": False}
+    assert done["metadata"]["labels"][gpu_mig.PLUGIN_DEPLOY_LABEL] is None
 
 
 def test_the_layout_in_place_only_labels():
@@ -209,16 +224,6 @@ def test_the_appliers_report_is_its_last_json_line_or_why_there_is_none(filters)
     assert filters.gpuprov_mig_applied(json.dumps(report), 1)["error"] == "the MIG applier exited 1"
     assert filters.gpuprov_mig_applied("Traceback ...", 1) == {
         "error": "the MIG applier exited 1 without a report", "gpus": []}
-
-
-def test_the_failure_names_the_task_and_keeps_the_node_cordoned(filters):
-    failed = filters.gpuprov_mig_failure({"name": "Apply the MIG layout to the GPUs"},
-                             {"msg": "GPU 0: MIG mode is still off\nafter the GPU reset"},
-                             {gpu_mig.STATE_LABEL: "failed"})
-    assert failed["reason"] == ("Apply the MIG layout to the GPUs: GPU 0: MIG mode is still off "
-                                "after the GPU reset")
-    assert failed["patch"]["spec"] == {"unschedulable": True}
-    assert failed["patch"]["metadata"]["annotations"] == {gpu_mig.FAILED: failed["reason"]}
 
 
 def test_mig_parteds_own_example_config_plans_an_a100_node_as_mig_parted_would():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from gpuprov.stages import _task_failure
+from gpuprov import cordon
 from gpuprov.stages import gpu_node_upgrade as upgrade_stage
 from gpuprov.verify.findings import FAIL, PASS, WARN, Finding
 from gpuprov.verify.report import table
@@ -57,8 +57,7 @@ def _other_version(version: str) -> str:
 def test_filters_are_registered(filters):
     assert set(filters) == {
         "gpuprov_upgrade_plan", "gpuprov_upgrade_drain", "gpuprov_upgrade_pods_left",
-        "gpuprov_upgrade_consumers", "gpuprov_upgrade_verify_failures",
-        "gpuprov_upgrade_failure"}
+        "gpuprov_upgrade_verify_failures"}
 
 
 # -- the plan ---------------------------------------------------------------------------
@@ -170,11 +169,14 @@ def test_was_cordoned_is_the_earlier_run_s_record_else_the_node_s_cordon(
     annotations = {upgrade.WAS_CORDONED: recorded} if recorded is not None else {}
     plan = upgrade.plan(_probe(), _node(unschedulable, **annotations), "535.1.1-1", 535)
     assert plan["was_cordoned"] is was_cordoned
-    assert plan["start_patch"] == {"metadata": {"annotations": {
-        upgrade.WAS_CORDONED: "true" if was_cordoned else "false"}}}
-    done = plan["done_patch"]
-    # The upgrade's annotations go either way; the cordon only if the upgrade put it there.
-    assert done["metadata"]["annotations"] == dict.fromkeys(upgrade.ANNOTATIONS)
+    # What gpu_node_maintenance then records and gives back (gpuprov/cordon.py, owner
+    # gpu-node-upgrade): the upgrade's annotations go either way; the cordon only if the
+    # upgrade put it there.
+    node = _node(unschedulable, **annotations)
+    taken = cordon.take(node, upgrade.OWNER, plan["reason"])
+    assert taken["metadata"]["annotations"][upgrade.WAS_CORDONED] == str(was_cordoned).lower()
+    done = cordon.give_back(node, upgrade.OWNER)
+    assert done["metadata"]["annotations"] == dict.fromkeys(cordon.keys(upgrade.OWNER).all)
     assert (done.get("spec") or {}).get("unschedulable", True) is was_cordoned
 
 
@@ -257,36 +259,7 @@ def test_pods_left_after_the_drain(upgrade, filters):
         filters["gpuprov_upgrade_pods_left"]({"resources": pods})
 
 
-# -- the GPU consumers ------------------------------------------------------------------
-
-UNITS = ["nvidia-persistenced.service", "nvidia-dcgm.service", "dcgm.service"]
-OWN = ["nvidia-persistenced.service"]
-
-
-def _list_units(*units: str) -> str:
-    """`systemctl list-units --state=active --plain --no-legend` output for these units."""
-    return "".join(f"{u} loaded active running {u.split('.')[0]} daemon\n" for u in units)
-
-
-def test_running_consumers_are_stopped_and_those_the_driver_does_not_start_again(upgrade):
-    found = upgrade.consumers(_list_units("nvidia-dcgm.service", "nvidia-persistenced.service"),
-                              UNITS, OWN)
-    # In the role's order (persistenced first), whatever order systemctl printed.
-    assert found == {"stop": ["nvidia-persistenced.service", "nvidia-dcgm.service"],
-                     "start": ["nvidia-dcgm.service"]}
-    assert upgrade.consumers("", UNITS, OWN) == {"stop": [], "start": []}
-    # A unit the role did not ask about is not the role's to stop.
-    assert upgrade.consumers(_list_units("ssh.service"), UNITS, OWN)["stop"] == []
-
-
-def test_consumers_need_systemctl_s_text(filters):
-    with pytest.raises(AnsibleFilterError, match="systemctl"):
-        filters["gpuprov_upgrade_consumers"](None, UNITS, OWN)
-    with pytest.raises(AnsibleFilterError, match="unit names"):
-        filters["gpuprov_upgrade_consumers"]("", "nvidia-dcgm.service", OWN)
-
-
-# -- verify and the failure annotation --------------------------------------------------
+# -- verify --------------------------------------------------
 
 
 def test_verify_failures_are_its_failed_and_error_rows(upgrade):
@@ -312,46 +285,6 @@ def test_verify_failures_without_a_table_name_its_error(upgrade):
     assert upgrade.verify_failures("", 2, "Traceback\n\nverify: no such inventory: x.yml\n") \
         == "gpuprov verify exited 2: verify: no such inventory: x.yml"
     assert upgrade.verify_failures(None, 3) == "gpuprov verify exited 3: see its report"
-
-
-def test_the_failure_reason_is_the_task_and_its_message_on_one_line(upgrade):
-    failure = upgrade.failure({"name": "Cordon and drain the node"},
-                              {"failed": True, "msg": "Failed to delete pod team/trainer due to:\n"
-                                                      "  Too many requests"})
-    assert failure["reason"] == ("Cordon and drain the node: Failed to delete pod team/trainer "
-                                 "due to: Too many requests")
-    assert failure["annotation"] == upgrade.FAILED
-    assert failure["patch"] == {"spec": {"unschedulable": True},
-                                "metadata": {"annotations": {upgrade.FAILED: failure["reason"]}}}
-
-
-def test_a_long_failure_reason_is_cut(upgrade):
-    failure = upgrade.failure({"name": "Assert that every check passed"},
-                              {"msg": "gpuprov verify exited 1: " + "FAIL gpu.ecc x " * 100})
-    assert len(failure["reason"]) == _task_failure.REASON_MAX
-    assert failure["reason"].startswith("Assert that every check passed: gpuprov verify exited 1")
-    assert failure["reason"].endswith("...")
-
-
-def test_the_failure_reason_of_a_loop_and_of_a_command(upgrade):
-    loop = {"msg": "One or more items failed", "results": [
-        {"item": "nvidia-persistenced.service", "failed": False},
-        {"item": "nvidia-dcgm.service", "failed": True,
-         "msg": "Unable to stop service nvidia-dcgm.service"}]}
-    assert upgrade.failure({"name": "Stop the GPU consumers"}, loop)["reason"] == (
-        "Stop the GPU consumers: nvidia-dcgm.service: Unable to stop service nvidia-dcgm.service")
-    command = {"msg": "non-zero return code", "rc": 1,
-               "stderr": "Failed to connect to bus\nSystem has not been booted with systemd\n"}
-    assert upgrade.failure({"name": "Find the running GPU consumers"}, command)["reason"] == (
-        "Find the running GPU consumers: non-zero return code: "
-        "System has not been booted with systemd")
-
-
-def test_a_failure_without_task_or_message_still_names_something(upgrade):
-    assert upgrade.failure({}, {})["reason"] == "unnamed task: failed"
-    assert upgrade.failure(None, None)["reason"] == "unnamed task: failed"
-    reason = upgrade.failure({"action": "ansible.builtin.command"}, {"msg": ["a", "b"]})["reason"]
-    assert reason == "ansible.builtin.command: a b"
 
 
 def test_the_plan_does_not_change_its_inputs(upgrade):

@@ -51,6 +51,8 @@ NODES = ("gpu-pascal", "gpu-hopper")  # inventory order: the rollout's
 FAILED = "gpuprov.io/upgrade-failed"
 WAS_CORDONED = "gpuprov.io/upgrade-was-cordoned"
 ROLE = "gpu_node_upgrade : "
+MAINTENANCE = "gpu_node_maintenance : "  # the steps the upgrade shares with the MIG stage
+TAKE = MAINTENANCE + "Cordon the node, recording why, since when and whether it was cordoned before"
 NS = "upgrade-workload"
 
 
@@ -232,8 +234,7 @@ def test_settings_the_role_refuses_fail_before_the_cluster_is_asked(story, run, 
 def test_a_target_of_another_branch_fails_before_the_node_is_cordoned(story):
     failure = _only_the_first_node_failed(story["bad_target"])
     assert "not a version of driver branch 535" in failure, failure
-    recorded = _task_hosts(story["bad_target"],
-                           ROLE + "Record whether the node was cordoned before the upgrade")
+    recorded = _task_hosts(story["bad_target"], TAKE)
     assert recorded == {}
     assert story["bad_target"]["after"] == UNTOUCHED
 
@@ -257,6 +258,8 @@ def test_a_budget_that_forbids_the_drain_stops_the_rollout_at_that_node(story):
     assert cordoned
     assert annotations[WAS_CORDONED] == "false"
     assert annotations[FAILED].startswith("Cordon and drain the node: "), annotations
+    # The shared step that cordoned it (the name test_a_target_of_another_branch... looks for).
+    assert list(_task_hosts(result, TAKE)) == ["gpu-pascal"]
     assert result["after"]["gpu-hopper"] == (False, {})
     assert story["pod_after_blocked"], "the budget did not protect the pod"
     # upgrade_drain_timeout=5 (the deprecated name) was the timeout k8s_drain got.
@@ -273,7 +276,7 @@ def test_a_node_that_fails_after_its_drain_stays_cordoned_with_the_reason(story)
     for node in NODES:
         cordoned, annotations = result["after"][node]
         assert cordoned, node
-        assert annotations[FAILED].startswith("Find the running GPU consumers"), annotations
+        assert annotations[FAILED].startswith("Find the running host GPU clients"), annotations
     # gpu-pascal was cordoned by the run before, which recorded that it was schedulable;
     # gpu-hopper by an admin.
     assert result["after"]["gpu-pascal"][1][WAS_CORDONED] == "false"
@@ -286,8 +289,8 @@ def test_an_unfinished_node_is_not_skipped_and_is_given_back_as_it_was(story):
     reports = _task_hosts(result, ROLE + "Report the installed driver and the target")
     assert all(r["msg"].endswith("-> upgrade (an earlier upgrade did not finish)")
                for r in reports.values()), reports
-    released = _task_hosts(result, ROLE + "Uncordon the node unless it was cordoned before, "
-                                          "and remove the upgrade annotations")
+    released = _task_hosts(result, MAINTENANCE + "Give the node back (uncordon only what this "
+                                                 "owner cordoned) and remove its record")
     assert sorted(released) == sorted(NODES)
     assert result["after"] == {"gpu-pascal": (False, {}), "gpu-hopper": (True, {})}
 

@@ -277,6 +277,8 @@ class FakeNode:
     info: NodeInfo | None = None  # None: this machine's own (read_node_info of "/")
     running: bool = True  # False: the node is down (no node info, no lease renewal)
     runtime_down: str = ""  # why its runtime does not answer ("": it does)
+    # (seq, NVML index, XID) of the XID records in its kernel log (LabBackend.xid_records)
+    xids: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 class FakeBackend:
@@ -298,6 +300,9 @@ class FakeBackend:
 
     def gpus(self, node: str) -> list[Gpu] | None:
         return self.node_map[node].gpus
+
+    def xid_records(self, node: str) -> list[tuple[int, int, int]]:
+        return list(self.node_map[node].xids)
 
     def node_info(self, node: str) -> NodeInfo | None:
         fake = self.node_map[node]
@@ -421,6 +426,7 @@ class LabBackend:
         self.containers = {n["name"]: n["container"] for n in state["nodes"]
                            if n.get("engine", "containerd") == "containerd"}
         self._gpu_cache: dict[str, tuple[tuple, list[Gpu] | None]] = {}
+        self._xid_cache: dict[str, tuple[int, list[tuple[int, int, int]]]] = {}
         self._runtime_cache: dict[str, tuple[float, RuntimeConfig]] = {}
         # node -> (host PID of its container's init, the container's ID)
         self._inits: dict[str, tuple[str, str]] = {}
@@ -447,6 +453,38 @@ class LabBackend:
 
         return subprocess.run(["podman", *args], env=podman.environment(), capture_output=True,
                               timeout=timeout, check=False)
+
+    def xid_records(self, node: str) -> list[tuple[int, int, int]]:
+        """(seq, NVML index, XID) of the XID records in the node's simulated kernel log
+        (simhw.KMSG_FILE), parsed as the health agent parses /dev/kmsg: what NVIDIA's plugin
+        gets as NVML XID events (EventTypeXidCriticalError) on a real node. Read again when
+        the file changed."""
+        from gpuprov.node.health import kmsg
+
+        node_dir = self.lab_dir / "nodes" / node
+        path = node_dir / "kmsg"
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:
+            return []
+        cached = self._xid_cache.get(node)
+        if cached and cached[0] == stamp:
+            return cached[1]
+        pcis = []
+        conf = node_dir / "sim" / "nvml.conf"
+        if conf.exists():
+            for line in conf.read_text().splitlines():
+                if line.startswith("pci_bus_id"):
+                    domain, bus, dev = line.split("=", 1)[1].strip().lower().split(":")
+                    pcis.append(f"{domain[-4:]}:{bus}:{dev.split('.')[0]}")
+        found = []
+        for raw in kmsg.split_records(path.read_bytes())[0]:
+            record = kmsg.parse_record(raw)
+            event = kmsg.gpu_event(record) if record else None
+            if event is not None and event.kind == "xid" and event.pci in pcis:
+                found.append((record.seq, pcis.index(event.pci), event.xid))
+        self._xid_cache[node] = (stamp, found)
+        return found
 
     def gpus(self, node: str) -> list[Gpu] | None:
         sim = self.lab_dir / "nodes" / node / "sim"

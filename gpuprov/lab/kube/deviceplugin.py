@@ -62,6 +62,7 @@ import yaml
 from gpuprov.lab.kube import objects
 from gpuprov.lab.kube.backend import Gpu
 from gpuprov.lab.toolkit import toolkit_rules
+from gpuprov.nvidia import xid_catalog
 
 ENVVAR = "envvar"
 VOLUME_MOUNTS = "volume-mounts"
@@ -98,6 +99,7 @@ class Settings:
     strategies: tuple[str, ...] = (ENVVAR,)
     id_strategy: str = "uuid"
     mig_strategy: str = MIG_NONE
+    env: Mapping[str, str] = field(default_factory=dict, compare=False)  # its container's
 
     @property
     def cdi(self) -> bool:
@@ -149,6 +151,38 @@ def config_file(pod: Mapping, node_labels: Mapping[str, str],
     return doc if isinstance(doc, dict) else {}
 
 
+def disabled_xids(env: Mapping[str, str]) -> tuple[bool, frozenset[int], frozenset[int]]:
+    """The XIDs the plugin's health check ignores, as NVIDIA's v0.20.x reads them
+    (internal/rm/health.go getDisabledHealthCheckXids): its application XIDs (13, 31, 43, 45,
+    68, 109) plus DP_DISABLE_HEALTHCHECKS's comma list ("all" or "xids": every XID), less
+    DP_ENABLE_HEALTHCHECKS's list, which wins. Returns (all disabled, disabled, enabled)."""
+
+    def parse(text: str) -> tuple[bool, set[int]]:
+        found: set[int] = set()
+        for word in text.lower().split(","):
+            word = word.strip()
+            if word in ("all", "xids"):
+                return True, set()
+            if word.isdigit():
+                found.add(int(word))
+        return False, found
+
+    all_off, off = parse(env.get("DP_DISABLE_HEALTHCHECKS", ""))
+    all_on, on = parse(env.get("DP_ENABLE_HEALTHCHECKS", ""))
+    off |= set(xid_catalog.APP_XIDS_DEVICE_PLUGIN)
+    if all_on:
+        return False, frozenset(), frozenset()
+    return all_off, frozenset(off - on), frozenset(on)
+
+
+def xid_marks_unhealthy(xid: int, env: Mapping[str, str]) -> bool:
+    """Whether the plugin marks a GPU unhealthy for this critical XID (health.go IsDisabled)."""
+    all_off, off, on = disabled_xids(env)
+    if xid in on:
+        return True
+    return not all_off and xid not in off
+
+
 def settings_from_pod(pod: Mapping, node_labels: Mapping[str, str] | None = None,
                       config_map: Callable[[str, str], Mapping | None] | None = None) -> Settings:
     env = _env(objects.device_plugin_container(pod))
@@ -168,7 +202,7 @@ def settings_from_pod(pod: Mapping, node_labels: Mapping[str, str] | None = None
     mig_strategy = env.get("MIG_STRATEGY", str(all_flags.get("migStrategy", MIG_NONE)))
     if mig_strategy not in MIG_STRATEGIES:
         raise AllocateError(f"unable to validate flags: unknown MIG strategy: {mig_strategy}")
-    return Settings(strategies, id_strategy, mig_strategy)
+    return Settings(strategies, id_strategy, mig_strategy, dict(env))
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,10 @@ class PluginDevices:
 
     resources: Mapping[str, tuple[deviceplugin.Device, ...]]
     error: str = ""
+    # Its health check (internal/rm/health.go v0.20.x): the kernel log's last record when it
+    # started (it sees XIDs from then on) and its container's environment (the XIDs it skips).
+    kmsg_seq: int = -1
+    env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def indices(self) -> dict[str, str]:
@@ -144,9 +148,23 @@ class Kubelet:
 
     def healthy(self, device: deviceplugin.Device) -> bool:
         """NVML's health now of the GPU the device is or is part of (by NVML index: a GPU
-        NVML cannot query has no UUID)."""
+        NVML cannot query has no UUID), and the plugin's own verdict: a critical XID on that
+        GPU since the registered plugin started marks it unhealthy until the plugin is
+        restarted (v0.20.x: "there is no way to recover from the Unhealthy state",
+        internal/plugin/server.go; the XIDs its health.go skips do not count)."""
         gpus = self.cluster.gpus_of(self.name)
-        return device.gpu < len(gpus) and gpus[device.gpu].healthy
+        if not (device.gpu < len(gpus) and gpus[device.gpu].healthy):
+            return False
+        return device.gpu not in self.xid_unhealthy()
+
+    def xid_unhealthy(self) -> set[int]:
+        """NVML indices of the GPUs the registered plugin has marked unhealthy for an XID."""
+        served = self.served()
+        if served is None:
+            return set()
+        records = getattr(self.backend, "xid_records", None)
+        return {gpu for seq, gpu, xid in (records(self.name) if records else [])
+                if seq > served.kmsg_seq and deviceplugin.xid_marks_unhealthy(xid, served.env)}
 
     def allocate(self, uid: str, resource: str, count: int) -> list[str] | None:
         """`count` distinct healthy devices of `resource` not held by other pods (any, with
@@ -323,7 +341,10 @@ class Kubelet:
         gpus = self.cluster.gpus_of(self.name, refresh=True)
         try:
             settings = self._plugin_settings(plugin)
-            served = PluginDevices(deviceplugin.advertised(settings.mig_strategy, gpus))
+            records = getattr(self.backend, "xid_records", None)
+            seqs = [seq for seq, _, _ in (records(self.name) if records else [])]
+            served = PluginDevices(deviceplugin.advertised(settings.mig_strategy, gpus),
+                                   kmsg_seq=max(seqs, default=-1), env=settings.env)
         except deviceplugin.AllocateError as exc:
             served = PluginDevices({}, f"error starting plugins: {exc}")
             self.cluster.event(plugin, "DevicePluginFailed", served.error, "Warning")

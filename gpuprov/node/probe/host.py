@@ -128,7 +128,7 @@ def collect_units(names: list, run: Callable[[list], tuple[int, str, str]]) -> d
 # "NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, ..." and "(PCI:0000:01:00 GPU-I:05 GPU-CI:01)"
 # (krcReportXid's format strings in NVIDIA's open-gpu-kernel-modules,
 # src/nvidia/src/kernel/gpu/rc/kernel_rc.c).
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)(?: GPU-I:(\d+))?(?: GPU-CI:(\d+))?\): "
+XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)(?: GPU-I:(\d+))?(?: GPU-CI:(\d+))?\): "
                   r"(\d+),\s*(.*)")
 MAX_XID_EVENTS = 100
 
@@ -175,7 +175,7 @@ def collect_kernel_log(root: Root) -> dict:
         header, sep, message = line.partition(";")
         if not sep:
             continue
-        match = _XID.search(message)
+        match = XID_LINE.search(message)
         if not match:
             continue
         count += 1

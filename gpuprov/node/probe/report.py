@@ -27,8 +27,11 @@ def _section(func: Callable[[], Any], errors: dict, name: str, default: Any) -> 
         return default
 
 
-def collect(root: str = "/", nvml_module: Any = None, run: packages.Runner | None = None) -> dict:
-    """The probe report (schema: see gpuprov.node.probe). Read-only; never raises."""
+def collect(root: str = "/", nvml_module: Any = None, run: packages.Runner | None = None,
+            kernel_log: bool = True) -> dict:
+    """The probe report (schema: see gpuprov.node.probe). Read-only; never raises.
+    kernel_log=False: the health agent, which follows the kernel log itself, skips reading
+    all of it again every cycle (the section then says so)."""
     started = time.monotonic()
     fs = Root(root)
     errors: dict = {}
@@ -51,7 +54,9 @@ def collect(root: str = "/", nvml_module: Any = None, run: packages.Runner | Non
         "kernel_module": _section(
             lambda: host.collect_kernel_module(fs), errors, "kernel_module", None
         ),
-        "kernel_log": _section(lambda: host.collect_kernel_log(fs), errors, "kernel_log", None),
+        "kernel_log": _section(lambda: host.collect_kernel_log(fs), errors, "kernel_log", None)
+        if kernel_log else {"readable": False, "source": "/dev/kmsg", "xid_events": [],
+                            "xid_count": 0, "error": "not read: followed by the health agent"},
         "packages": _section(
             lambda: packages.collect(fs, run or packages.run_command), errors, "packages", None
         ),

@@ -6,42 +6,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuprov.nvidia import mig
+from gpuprov.nvidia import mig, xid_catalog
 from gpuprov.verify.checks._util import gpu_label
 from gpuprov.verify.facts import NodeFacts
 from gpuprov.verify.findings import Verdict, check, passed, problem, skipped
 
 Gpu = Mapping[str, Any]
 
-# XIDs that mean the GPU or its memory is in trouble, not that an application crashed.
-# From NVIDIA's "XID Errors" catalogue (docs.nvidia.com/deploy/xid-errors), the ones it
-# tells operators to act on (reset, drain, RMA); 13, 31, 43 and friends are app faults.
-CRITICAL_XIDS: dict[int, str] = {
-    48: "double-bit ECC error",
-    61: "internal micro-controller breakpoint",
-    62: "internal micro-controller halt",
-    63: "ECC page retirement or row remapping event",
-    64: "ECC page retirement or row remapper recording failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-    140: "unrecovered ECC error",
-    # Blackwell's NVLink unit errors that need a GPU reset (issue 20), named as in nverror.h of
-    # NVIDIA's open-gpu-kernel-modules 595.45.04 (NVLINK_SAW_ERROR 144, NVLINK_RLW_ERROR 145,
-    # NVLINK_NETIR_ERROR 149); NVIDIA's GPU Operational Events release notes (R620) report them
-    # as GPU-NVLINK events. 146-148 and 150 (TLW, TREX, NVLPW, MSE) are not added: no source
-    # here says what they require.
-    144: "NVLink SAW error",
-    145: "NVLink RLW error",
-    149: "NVLink NETIR error",
-    # GPU_RECOVERY_ACTION_CHANGED in nverror.h of NVIDIA's open-gpu-kernel-modules (R570 and
-    # later): the driver says the GPU needs a reset, a drain and reset, or a node reboot.
-    154: "GPU recovery action changed (reset or reboot required)",
-}
+# XIDs that mean the GPU or its memory is in trouble, not that an application crashed: the
+# faults of gpuprov's XID table (gpuprov/nvidia/xid_catalog.py, with its sources).
+CRITICAL_XIDS: dict[int, str] = xid_catalog.FAULT_XIDS
 
 SLOWDOWN_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
                     "hw_power_brake_slowdown")

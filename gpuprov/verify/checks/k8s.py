@@ -220,3 +220,30 @@ def _plain(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)
+
+
+@check(
+    "k8s.health",
+    phase="cluster",
+    severity="error",
+    description="the node's gpuprov health agent reports no problem (no gpuprov.io/ condition "
+    "True)",
+    remediation="gpuprov health show; the condition's message names the GPU, the evidence and "
+    "the action; after fixing an XID fault: gpuprov health ack NODE --reason TEXT",
+)
+def health(facts: ClusterFacts) -> Verdict:
+    from gpuprov.health import fleet
+
+    if facts.k8s_node is None:
+        return _not_found(facts)
+    node = fleet.node_health(facts.k8s_node)
+    if not node.conditions:
+        return skipped("no gpuprov.io/ conditions: the gpu_health agent does not run here")
+    problems = node.problems
+    if problems:
+        return problem("; ".join(f"{c['type']} since {c.get('lastTransitionTime')}: "
+                                 f"{c.get('message')}" for c in problems),
+                       conditions=[dict(c) for c in problems])
+    if node.unknown:
+        return passed("the health agent has not finished its first check cycle (Unknown)")
+    return passed(f"{len(node.conditions)} gpuprov.io/ condition(s) False")

@@ -1,0 +1,181 @@
+"""The health agent (gpuprov/node/health/agent.py) against the lab's emulated API server: the
+kernel log followed into a node condition, a restart that keeps it, an ack that clears it; the
+payload script run by a bare python3; metrics parsed by prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuprov import payload
+from gpuprov.lab.kube.testing import running_emulator, wait_for
+from gpuprov.node.health import agent as agent_module
+from gpuprov.node.health import state as hs
+from gpuprov.node.health.kube import Client
+from gpuprov.verify import inventory, node_phase
+
+REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "verify" / "probe"
+XID79 = "NVRM: Xid (PCI:{pci}): 79, pid=1234, name=python3, GPU has fallen off the bus."
+
+
+def report(name: str = "gpu-pascal") -> dict:
+    return json.loads((REPORTS / f"{name}.json").read_text())
+
+
+def first_pci(rep: dict) -> str:
+    return agent_module._short_pci(rep["nvml"]["gpus"][0]["pci_bus_id"])
+
+
+def evaluate(settings, rep, skip=()):
+    return node_phase._agent_evaluate(settings, rep, skip)
+
+
+def make_agent(tmp_path: Path, url: str | None, name: str = "gpu-pascal",
+               rep: dict | None = None) -> agent_module.Agent:
+    kmsg = tmp_path / "kmsg"
+    if not kmsg.exists():
+        kmsg.write_text("6,0,0,-;Linux version (test)\n")
+    config = agent_module.Config(
+        node_name=name, state_dir=str(tmp_path / "state"), interval_s=0.3, kmsg=str(kmsg),
+        kube={"server": url} if url else None, textfile_dir=str(tmp_path),
+        settings={"gpu_expected": True})
+    rep = rep or report(name)
+    return agent_module.Agent(config, evaluate, collect=lambda root: rep)
+
+
+def node_condition(url: str, node: str, ctype: str = hs.GPU_FAULT) -> dict | None:
+    conditions = Client({"server": url}, node).get_node()["status"].get("conditions") or []
+    return next((c for c in conditions if c["type"] == ctype), None)
+
+
+def run_in_thread(agent: agent_module.Agent) -> threading.Thread:
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_node_settings_are_the_inventory_nodes_fields():
+    fields = {f.name: f.default for f in dataclasses.fields(inventory.Node)}
+    for f in dataclasses.fields(node_phase.NodeSettings):
+        assert f.name in fields
+        if f.name not in ("name", "gpu_expected"):  # the inventory's are required
+            assert f.default == fields[f.name], f.name
+
+
+def test_xid_from_the_kernel_log_to_the_condition_restart_keeps_it_ack_clears(tmp_path):
+    rep = report()
+    pci = first_pci(rep)
+    with running_emulator() as emu:
+        agent = make_agent(tmp_path, emu.url)
+        thread = run_in_thread(agent)
+        wait_for(lambda: (node_condition(emu.url, "gpu-pascal") or {}).get("status") == "False",
+                 "the first cycle publishes False")
+        before = node_condition(emu.url, "gpu-pascal")
+        with open(tmp_path / "kmsg", "a") as f:
+            f.write(f"3,7,5000000,-;{XID79.format(pci=pci)}\n")
+        raised = wait_for(lambda: (c := node_condition(emu.url, "gpu-pascal"))
+                          and c["status"] == "True" and c, "GPUFault True")
+        assert raised["reason"] == "XID79"
+        assert rep["nvml"]["gpus"][0]["uuid"] in raised["message"]
+        assert raised["lastTransitionTime"] >= before["lastTransitionTime"]
+        others = [node_condition(emu.url, n) for n in ("gpu-kepler", "gpu-hopper")]
+        assert others == [None, None]
+        # Kubelet-owned conditions are untouched: only gpuprov.io/ types were written.
+        kinds = {c["type"] for c in Client({"server": emu.url}, "gpu-pascal")
+                 .get_node()["status"]["conditions"]}
+        assert "Ready" in kinds
+        agent.stop()
+        thread.join(5)
+
+        # Restart: the same boot, the same kernel log (read again from its oldest record).
+        again = make_agent(tmp_path, emu.url)
+        again.start()
+        assert node_condition(emu.url, "gpu-pascal")["status"] == "True"
+        assert node_condition(emu.url, "gpu-pascal")["lastTransitionTime"] == \
+            raised["lastTransitionTime"]
+        thread = run_in_thread(again)
+        time.sleep(1.0)
+        assert again.state.faults[f"xid:79:{pci}"].count == 1  # not counted twice
+        assert node_condition(emu.url, "gpu-pascal")["status"] == "True"
+
+        # The admin's dated ack (what `gpuprov health ack` writes) clears it.
+        ack = {"id": "test-1", "at": time.time(), "by": "admin", "reason": "reseated"}
+        Client({"server": emu.url}, "gpu-pascal")._request(
+            "PATCH", "/api/v1/nodes/gpu-pascal",
+            {"metadata": {"annotations": {agent_module.ACK_ANNOTATION: json.dumps(ack)}}},
+            "application/merge-patch+json")
+        wait_for(lambda: node_condition(emu.url, "gpu-pascal")["status"] == "False",
+                 "GPUFault False after the ack")
+        again.stop()
+        thread.join(5)
+    families = {f.name: f for f in text_string_to_metric_families(
+        (tmp_path / agent_module.METRICS_FILE).read_text())}
+    xids = families["gpuprov_health_xid_records"].samples
+    assert [(s.labels["xid"], s.labels["pci"], s.value) for s in xids
+            if s.name.endswith("_total")] == [("79", pci, 1.0)]
+    evidence = [json.loads(line) for line in
+                (tmp_path / "state" / "evidence.jsonl").read_text().splitlines()]
+    assert evidence[0]["reason"] == "XID79" and XID79.format(pci=pci) in \
+        evidence[0]["kernel_log"][0]
+
+
+def test_a_failing_check_is_a_level_fault_with_its_condition(tmp_path):
+    rep = report()
+    rep["nvml"]["gpus"][1]["ecc"]["volatile"]["uncorrected"] = 2
+    with running_emulator() as emu:
+        agent = make_agent(tmp_path, emu.url, rep=rep)
+        agent.start()
+        agent.run_cycle()
+        condition = node_condition(emu.url, "gpu-pascal")
+        assert condition["status"] == "True" and condition["reason"] == "gpu.ecc"
+        rep["nvml"]["gpus"][1]["ecc"]["volatile"]["uncorrected"] = 0
+        for _ in range(hs.CLEAR_AFTER_PASSES - 1):
+            agent.run_cycle()
+            assert node_condition(emu.url, "gpu-pascal")["status"] == "True"
+        agent.run_cycle()
+        assert node_condition(emu.url, "gpu-pascal")["status"] == "False"
+
+
+def test_remove_conditions_takes_only_its_own(tmp_path):
+    with running_emulator() as emu:
+        agent = make_agent(tmp_path, emu.url)
+        agent.start()
+        agent.run_cycle()
+        Client({"server": emu.url}, "gpu-pascal").delete_conditions(list(hs.CONDITION_TYPES))
+        kinds = {c["type"] for c in Client({"server": emu.url}, "gpu-pascal")
+                 .get_node()["status"]["conditions"]}
+        assert not any(k.startswith(hs.PREFIX) for k in kinds) and "Ready" in kinds
+    with pytest.raises(ValueError):
+        Client({"server": "http://127.0.0.1:1"}, "x").patch_conditions([{"type": "Ready"}])
+
+
+def test_the_payload_runs_the_agent_with_a_bare_python3(tmp_path):
+    script = tmp_path / "agent.py"
+    script.write_bytes(payload.node_script("health-agent"))
+    (tmp_path / "kmsg").write_text("6,0,0,-;Linux\n")
+    config = tmp_path / "health.json"
+    config.write_text(json.dumps({"node_name": "here", "state_dir": str(tmp_path / "state"),
+                                  "kmsg": str(tmp_path / "kmsg"),
+                                  "textfile_dir": str(tmp_path)}))
+    run = subprocess.run([sys.executable, "-I", str(script), "agent", "--config", str(config),
+                          "--once"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert run.returncode == 0, run.stderr
+    published = json.loads((tmp_path / "state" / "conditions.json").read_text())
+    assert [c["type"] for c in published["conditions"]] == list(hs.CONDITION_TYPES)
+    families = {f.name for f in text_string_to_metric_families(
+        (tmp_path / agent_module.METRICS_FILE).read_text())}
+    assert {"gpuprov_health_check_status", "gpuprov_health_condition"} <= families
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"node_name": "x", "nonsense": 1}))
+    run = subprocess.run([sys.executable, "-I", str(script), "agent", "--config", str(bad),
+                          "--once"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert run.returncode == 2 and "unknown setting(s) nonsense" in run.stderr
+    assert "Traceback" not in run.stderr
