@@ -11,10 +11,14 @@ from collections.abc import Iterable, Sequence
 from gpuprov.errors import GpuprovError
 from gpuprov.verify import checks as _registered  # noqa: F401 (registers the node phase)
 from gpuprov.verify import cluster, containers, node_phase, nodes, pods, swarm
+
+# Registration order is report order: the cluster, pod, container and Swarm phases.
+# isort: off
 from gpuprov.verify.checks import k8s as _k8s_checks  # noqa: F401 (then the cluster phase)
 from gpuprov.verify.checks import pods as _pod_checks  # noqa: F401 (the pod phase)
 from gpuprov.verify.checks import containers as _container_checks  # noqa: F401 (Docker hosts)
 from gpuprov.verify.checks import swarm as _swarm_checks  # noqa: F401 (and Swarm)
+# isort: on
 from gpuprov.verify.checks.host import PROBE_CHECK
 from gpuprov.verify.facts import ClusterFacts, ContainerFacts, NodeFacts, PodFacts, SwarmFacts
 from gpuprov.verify.findings import (
