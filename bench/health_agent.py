@@ -82,7 +82,7 @@ def cpu_s(pid: int) -> float:
 
 def run_child(script: Path, cfg: Path, env: dict, extra: tuple = ()) -> subprocess.Popen:
     return subprocess.Popen([PYTHON, "-I", str(script), "agent", "--config", str(cfg), *extra],
-                            env=env, stderr=subprocess.DEVNULL)
+                            env=env, stderr=open(cfg.parent / "agent.log", "w"))
 
 
 def stop(child: subprocess.Popen) -> None:
