@@ -25,6 +25,9 @@ NO_BACKUP = {
     # The copy IS the backup: of the second CDI spec earlier releases wrote to /etc/cdi, kept
     # out of /etc/cdi before the role removes it (roles/nvidia_container_toolkit/tasks/cdi.yml).
     "/var/backups/gpuprov-etc-cdi-nvidia.yaml",
+    # The health agent's program (gpuprov's payload, about 0.8 MB), replaced whole by each
+    # gpuprov release: not configuration; its config and unit beside it are backed up.
+    "{{ gpu_health_install_dir }}/health-agent.py",
 }
 
 
