@@ -8,24 +8,31 @@ public repository NVIDIA/product-security, <year>/<bulletin>/CVE-*.json (CVE JSO
 driver versions prior to <first fixed version>". A bulletin is here when at least one of its
 CVE records has such an entry (bulletin 5557, July 2024, fixes the Windows driver only and is
 not). Dates and titles: the year's README.md in the same repository (5861: its 5861.md,
-"Updated 2026-09-30"; the snapshot's README ends 2026-08-18). The records are kept, byte for
-byte (NVIDIA's .sha256 beside each), under tests/fixtures/nvidia/product-security/, and
-tests/unit/test_driver_advisories.py checks this table against them.
+"Updated 2026-09-30"; the index's 2026 README ends 2026-08-04). The records are kept (NVIDIA's
+.sha256 beside each) under tests/fixtures/nvidia/product-security/, as read through the stored
+public index, and tests/unit/test_driver_advisories.py checks this table against them.
 
-Sources: NVIDIA/product-security at 5a2ee871c9537c277db29498db2c841340f966ff (2026-08-18) for
-every bulletin up to 5821; 2026/5861/CVE-2026-47501.json at 08d1a287ef3f1fc250f3bdaca913a1d4cff6f5b3
-for 5861. Retrieved 2026-11-26.
+Sources: NVIDIA/product-security; the commits read are in
+tests/fixtures/nvidia/product-security/README.md. Retrieved 2026-11-26.
+
+NOT checked: the dates of 2024's rows (5520, 5551, 5586). The stored index holds no
+2024/README.md that lists 2024's driver bulletins; their titles and CVE lists are checked against
+each bulletin's own README.md, which gives no date.
 
 NOT complete: bulletin 5861 lists about 114 CVEs (Windows, Linux, vGPU); only the record of
 CVE-2026-47501 was read, so its row names that CVE alone (complete=False) and its fixed
 versions are that record's. NVIDIA publishes one fixed version per branch per bulletin (every
 record of 2024-2026 read here agrees within its bulletin), so the floor holds for the others.
+The bulletin's own 5861.json (1,485,654 characters) and 5861.md (304,399) list every CVE, but
+are too large to keep as fixtures read through the stored index; the part of 5861.md read
+(Tesla, Linux(R580/R595/R610/R615) for CVE-2026-47545 to -47551) names the same versions.
 
 A branch gets fixes only while a bulletin lists it. NVIDIA's bulletins say of the rest:
-"Earlier software branch releases that support these products might also be affected. If you
-are using an earlier branch release for which an update version is not listed above, upgrade
-to the latest branch release" (5821.json, Bulletin Notes). So a branch has no floor for a
-bulletin that does not list it: gpuprov names the bulletins it misses instead of inventing one.
+"Earlier software GPU branch releases that support these products might also be affected. If
+you are using an earlier branch release for which an update version is not listed above,
+upgrade to the latest branch release" (2026/5861/5861.json, Bulletin Notes). So a branch has no
+floor for a bulletin that does not list it: gpuprov names the bulletins it misses instead of
+inventing one.
 """
 
 from __future__ import annotations
