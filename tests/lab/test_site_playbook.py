@@ -285,6 +285,13 @@ def test_debian_backports_for_every_node_is_ignored_with_a_note_on_nvidias_repos
                        "-e", "nvidia_driver_debian_backports=true")
     assert rc == 0, playbook_failures(doc)
     assert doc["stats"]["gpu-hopper"]["changed"] == 0, doc["stats"]
+    # The driver stage ran on the node (not only the validate stage), and read it.
+    driver_tasks = [task["task"]["name"] for play in doc["plays"]
+                    if play["play"]["name"].startswith("NVIDIA driver")
+                    for task in play["tasks"] if "gpu-hopper" in task["hosts"]]
+    assert "nvidia_driver : Read the node's packages, kernel modules and nvidia-persistenced" \
+        in driver_tasks, \
+        driver_tasks
     note = _host_results(doc, "nvidia_driver : Note the settings ignored on this node")
     assert "gpu-hopper: nvidia_driver_debian_backports is ignored: its driver comes from " \
         "NVIDIA's repository" in str(note["gpu-hopper"]["msg"])
