@@ -16,6 +16,7 @@ class ExitCode(enum.IntEnum):
     CHECK_FAILED = 1  # the tool ran, and something it checked is wrong
     USAGE = 2  # bad arguments, configuration or input: the tool could not run
     UNREACHABLE = 3  # host(s) unreachable, and nothing else failed
+    NEEDS_CHECKOUT = 4  # a command that runs only from a clone (the lab), run from an install
     INTERRUPTED = 130
 
 

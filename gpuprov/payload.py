@@ -200,7 +200,7 @@ def _prometheus_client_files() -> dict[str, Path]:
 
 
 # How node code imports NVIDIA's facts: `from ...nvidia import hardware` (relative, so that it
-# works as ansible.module_utils.gpuprov too). Read with a pattern, not ast: parsing the folder
+# works as the collection's module_utils too). Read with a pattern, not ast: parsing the folder
 # costs 20 ms per process, ten times the cached script's read; tests/unit/test_package_layout.py
 # checks that the pattern finds what ast finds.
 _NVIDIA_IMPORT = re.compile(rb"^[ \t]*from[ \t]+(?:\.+|gpuprov\.)nvidia(?:\.(\w+))?[ \t]+"

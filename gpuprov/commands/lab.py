@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpuprov.errors import ExitCode
+from gpuprov.errors import ExitCode, GpuprovError
 from gpuprov.output import print_json, render_table
 
 
@@ -57,8 +57,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fault.set_defaults(func=_fault)
 
 
+# The lab is test infrastructure: the wheel leaves gpuprov.lab out (pyproject.toml), and the lab
+# needs a clone anyway (its CRI stubs come from the clone's .cache/, the node image from
+# gpuprov/lab/image/, grpcio from the dev extra).
+NEEDS_CHECKOUT = ("gpuprov lab runs from a clone of the repository (git clone, then make lab-up "
+                  "there): this gpuprov is installed without the lab")
+
+
 def _lab(args: argparse.Namespace):
-    from gpuprov.lab.lab import Lab
+    try:
+        from gpuprov.lab.lab import Lab
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not exc.name.startswith("gpuprov.lab"):
+            raise
+        raise GpuprovError(NEEDS_CHECKOUT, ExitCode.NEEDS_CHECKOUT) from None
 
     lab_dir = os.environ.get("GPUPROV_LAB_DIR")
     return Lab(args.dir, Path(lab_dir) if lab_dir else None)

@@ -1,6 +1,6 @@
 """gpuprov's lab: test infrastructure and SIMULATION, never imported by production code.
 
-Several Debian 12 nodes in podman containers on one machine, with simulated GPU
+Debian 12 and 13 nodes in podman containers on one machine, with simulated GPU
 hardware (a PCI sysfs tree and an NVML library: profiles.py, faults.py, simhw.py,
 nvml/simnvml.c) and an emulated Kubernetes API. What is simulated, and what the
 simulation does not do, is written down in SIMULATION.md next to this file.

@@ -37,6 +37,10 @@ FAILED = cordon.keys(OWNER).failed
 WAS_CORDONED = cordon.keys(OWNER).was_cordoned
 PLUGIN_WAS = "gpuprov.io/mig-device-plugin-deploy"  # "" where the label was not set
 ANNOTATIONS = (*cordon.keys(OWNER).all, PLUGIN_WAS)
+# playbooks/mig.yml: nodes whose layout changes (or an earlier change did not finish) go one
+# batch at a time (cordoned meanwhile); the others need no batch of their own.
+GROUP_CHANGE = "gpu_mig_change"
+GROUP_STEADY = "gpu_mig_steady"
 # The resources of NVIDIA's device plugin: whole GPUs, and MIG devices under mixed.
 _GPU_RESOURCE = re.compile(r"^nvidia\.com/(gpu|mig-[0-9a-z.]+)$")
 
@@ -74,19 +78,40 @@ def _labels(node: Mapping[str, Any] | None) -> Mapping[str, str]:
     return ((node or {}).get("metadata") or {}).get("labels") or {}
 
 
+def check(gpus: Iterable[Mapping[str, Any]], config: str | None,
+          configs: Any = None) -> str | None:
+    """The settings before any stage changes anything (site.yml's validate stage), from the
+    preflight's PCI view of the node (`gpus`: gpu_preflight_gpus, in PCI bus order; no driver
+    needed): the mig-parted document, the layout's name, and whether each MIG-capable GPU can
+    take the profiles its entry gives. None where they fit, else what is wrong, with the
+    setting to change. Layout entries that name GPU indices are read against the PCI order
+    here; the stage checks them again against NVML's numbering (plan()) before it cordons."""
+    if not config:
+        return None
+    try:
+        layouts_config = mig.default_configs() if configs is None else mig.validate(configs)
+        ids = [_device_id({"pci_device_id": gpu.get("pci_id")}) for gpu in gpus]
+        mig.node_plan(mig.plan(layouts_config, str(config), list(enumerate(ids))))
+    except mig.ConfigError as exc:
+        return f"gpu_mig_config {config!r}: {exc}"
+    return None
+
+
 def plan(report: Mapping[str, Any], config: str | None, configs: Any = None,
          node: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What the stage does on one node. `report` is the node's probe report, `config` the
     layout name (gpu_mig_config; None: MIG is not managed on the node), `configs` a mig-parted
     document (None: gpuprov's defaults, gpuprov.nvidia.mig.default_configs()), `node` the Node.
 
-    -> {"managed", "capable", "change": {index: why}, "skip", "unfinished", "was_cordoned",
+    -> {"managed", "capable", "change": {index: why}, "skip", "unfinished", "group",
+        "was_cordoned",
         "summary", "reason", "apply": the applier's plan, "take_patch", "done_patch",
         "failed_patch" (merged into gpu_node_maintenance's take, give_back and failed
         patches), "labels_patch"}
     StageError when the settings or the node cannot take the layout (before any change)."""
     if not config:
         return {"managed": False, "capable": [], "change": {}, "skip": True, "unfinished": [],
+                "group": GROUP_STEADY, "labels_patch": None,
                 "summary": "no MIG layout declared (gpu_mig_config): MIG left as it is"}
     try:
         layouts_config = mig.default_configs() if configs is None else mig.validate(configs)
@@ -132,6 +157,8 @@ def plan(report: Mapping[str, Any], config: str | None, configs: Any = None,
         "change": change,
         "skip": skip,
         "unfinished": unfinished,
+        # playbooks/mig.yml's group for the play that changes layouts one node at a time.
+        "group": GROUP_CHANGE if not skip else GROUP_STEADY,
         "was_cordoned": cordon.was_cordoned(node, OWNER),
         "summary": summary,
         "reason": f"gpuprov is changing the MIG layout to {config}",

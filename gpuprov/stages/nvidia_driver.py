@@ -67,6 +67,10 @@ class Settings:
     # NVIDIA's that the role knows), its key file, the URL settings and the packages
     # (vars/main.yml), and the node's architecture (ansible_facts architecture).
     source: str | None = None
+    # nvidia_driver_debian_backports, and the codename it names the suite by (ansible_facts
+    # distribution_release): only where the driver comes from Debian's archive.
+    debian_backports: bool = False
+    release: str | None = None
     cuda_distro: str | None = None
     cuda_repo_key: str | None = None
     cuda_repo_url: str = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/{arch}"
@@ -126,6 +130,8 @@ SETTING_VARS = {
     "apt_sources_path": "__nvidia_driver_apt_sources_path",
     "blacklist_path": "__nvidia_driver_blacklist_path",
     "source": "nvidia_driver_source",
+    "debian_backports": "nvidia_driver_debian_backports",
+    "release": "ansible_facts.distribution_release",
     "cuda_distro": "__nvidia_driver_cuda_distro",
     "cuda_repo_key": "__nvidia_driver_cuda_repo_key",
     "cuda_repo_url": "nvidia_driver_cuda_repo_url",
@@ -201,6 +207,24 @@ def _driver_packages(s: Settings, branch_packages: Mapping, flavour: str) -> tup
     return names, extra
 
 
+def _backports(s: Settings) -> tuple[str | None, list[str]]:
+    """The suite apt installs the driver from (its --target-release), and a note where
+    nvidia_driver_debian_backports cannot apply to this node: it names a suite of Debian's
+    archive, which the role adds to its own sources file there. Set for every node (-e), it
+    is ignored with the note on a node whose driver comes from NVIDIA's repository or from
+    another OS's archive, instead of failing there midway (apt: "The value
+    'trixie-backports' is invalid for APT::Default-Release")."""
+    if not s.debian_backports:
+        return None, []
+    if s.from_cuda_apt:
+        why = "its driver comes from NVIDIA's repository (nvidia_driver_source)"
+    elif s.package_manager != "apt" or s.apt_sources_template is None or not s.release:
+        why = f"it runs {s.os_name} {s.os_version}, not Debian"
+    else:
+        return f"{s.release}-backports", []
+    return None, [f"{s.host}: nvidia_driver_debian_backports is ignored: {why}."]
+
+
 def plan(s: Settings) -> dict:
     if s.from_cuda_apt:
         return _cuda_apt_plan(s)
@@ -251,6 +275,8 @@ def plan(s: Settings) -> dict:
         "kernel_headers": kernel_headers(s),
         **_next_kernel(s),
         **_security(s, setting_problem(s, branch_packages, flavour)),
+        "target_release": _backports(s)[0],  # apt's --target-release (None: none)
+        "notes": _backports(s)[1],  # settings ignored on this node, and why
     }
 
 
@@ -312,6 +338,8 @@ def _cuda_apt_plan(s: Settings) -> dict:
         "kernel_headers": kernel_headers(s),
         **_next_kernel(s),
         **_security(s, problem),
+        "target_release": _backports(s)[0],  # apt's --target-release (None: none)
+        "notes": _backports(s)[1],  # settings ignored on this node, and why
     }
 
 

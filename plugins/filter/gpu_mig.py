@@ -5,6 +5,8 @@ The role reads (the probe report, the Node, the pods) and writes (Node patches, 
 node's MIG layout through gpuprov/node/mig_apply.py); what to do with what it read is decided
 on the controller.
 
+    gpus | gpuprov_mig_check(config, configs=None)
+        -> None, or what is wrong with the layout settings (site.yml's validate stage)
     probe | gpuprov_mig_plan(config, configs=None, node=None)
         -> {"managed", "capable", "change", "skip", "summary", "reason", "apply",
             "take_patch", "done_patch", "failed_patch", "labels_patch", ...}
@@ -22,6 +24,12 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpuprov.cluster.plugins.plugin_utils import gpuprov_support as support
+
+
+def gpuprov_mig_check(gpus: Any, config: Any, configs: Any = None) -> str | None:
+    gpus = support.objects(gpus, "gpuprov_mig_check", "GPU records (gpu_preflight_gpus)")
+    return support.stage("gpu_mig").check(gpus, None if config in (None, "") else str(config),
+                                          configs)
 
 
 def gpuprov_mig_plan(probe: Any, config: Any, configs: Any = None, node: Any = None) -> dict:
@@ -45,4 +53,5 @@ def gpuprov_mig_applied(stdout: Any, rc: Any) -> dict:
     return support.stage("gpu_mig").applied(str(stdout or ""), rc)
 
 
-FilterModule = support.filter_module(gpuprov_mig_plan, gpuprov_mig_gpu_pods, gpuprov_mig_applied)
+FilterModule = support.filter_module(gpuprov_mig_check, gpuprov_mig_plan, gpuprov_mig_gpu_pods,
+                                     gpuprov_mig_applied)

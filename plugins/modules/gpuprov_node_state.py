@@ -84,8 +84,8 @@ state:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpuprov.node.probe import node_state
-from ansible.module_utils.gpuprov.node.probe.fs import Root
+from ansible_collections.gpuprov.cluster.plugins.module_utils.gpuprov.node.probe import node_state
+from ansible_collections.gpuprov.cluster.plugins.module_utils.gpuprov.node.probe.fs import Root
 
 
 def main() -> None:

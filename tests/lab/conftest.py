@@ -306,6 +306,8 @@ BAD_SETTINGS = {
     "device-plugin": ("nvidia_device_plugin_time_slicing_replicas=0",
                       "nvidia_device_plugin_time_slicing_replicas (0) must be 1"),
     "labels-spec": ("gpu_node_labels_reprobe=perhaps", "gpu_node_labels_reprobe"),
+    # A misspelt layout name: the MIG stage comes after the driver and toolkit stages.
+    "mig": ("gpu_mig_config=all-1g.10gbb", "gpu_mig_config 'all-1g.10gbb': no MIG layout"),
 }
 
 

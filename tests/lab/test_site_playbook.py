@@ -271,3 +271,33 @@ def test_check_mode_with_diff_changes_nothing(first_run, run_site):
     rc, doc = run_site("--check", "--diff")
     assert rc == 0, playbook_failures(doc)
     assert all(s["changed"] == 0 and s["failures"] == 0 for s in doc["stats"].values())
+
+
+def test_debian_backports_for_every_node_is_ignored_with_a_note_on_nvidias_repository(
+        first_run, run_site, node_connection):
+    """nvidia_driver_debian_backports names a suite of Debian's archive: given with -e, it
+    reaches gpu-hopper too, whose driver comes from NVIDIA's repository on Debian 13. There it
+    once installed NVIDIA's version-lock package and then failed in apt ("The value
+    'trixie-backports' is invalid for APT::Default-Release"); now the validate stage notes that
+    it is ignored there, and the driver stage changes nothing on the converged node."""
+    conn = node_connection("gpu-hopper")
+    before = installed_packages(conn)
+    rc, doc = run_site("--limit", "gpu-hopper", "--tags", "driver",
+                       "-e", "nvidia_driver_debian_backports=true")
+    assert rc == 0, playbook_failures(doc)
+    assert doc["stats"]["gpu-hopper"]["changed"] == 0, doc["stats"]
+    # The driver stage ran on the node (not only the validate stage), and read it.
+    driver_tasks = [task["task"]["name"] for play in doc["plays"]
+                    if play["play"]["name"].startswith("NVIDIA driver")
+                    for task in play["tasks"] if "gpu-hopper" in task["hosts"]]
+    assert "nvidia_driver : Read the node's packages, kernel modules and nvidia-persistenced" \
+        in driver_tasks, \
+        driver_tasks
+    note = _host_results(doc, "nvidia_driver : Note the settings ignored on this node")
+    assert "gpu-hopper: nvidia_driver_debian_backports is ignored: its driver comes from " \
+        "NVIDIA's repository" in str(note["gpu-hopper"]["msg"])
+    assert installed_packages(conn) == before
+    # The role's own sources files (NVIDIA's repository's, on this node) name no backports.
+    sources = conn.run("cat /etc/apt/sources.list.d/gpuprov-*.sources", hide=True,
+                       in_stream=False).stdout
+    assert "Suites" in sources and "backports" not in sources

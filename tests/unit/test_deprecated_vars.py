@@ -39,7 +39,7 @@ def _run(tmp_path: Path, renamed: object = RENAMED, **env: str) -> subprocess.Co
     playbook.write_text(yaml.safe_dump([{
         "name": "Warn about renamed settings", "hosts": "all", "gather_facts": False,
         "serial": 1,  # three batches: the warnings must not come back with each
-        "tasks": [{"name": "Warn", "gpuprov_deprecated_vars": {"renamed": renamed,
+        "tasks": [{"name": "Warn", "gpuprov.cluster.gpuprov_deprecated_vars": {"renamed": renamed,
                                                                "until": "9.9.9"}}]}]))
     return subprocess.run(
         [str(PLAYBOOK_BIN), "-i", str(inventory), str(playbook)], capture_output=True,

@@ -91,7 +91,7 @@ def test_the_module_runs_under_ansible_with_the_probe_as_its_module_utils(tmp_pa
     playbook = tmp_path / "read.yml"
     playbook.write_text(yaml.safe_dump([{
         "hosts": "localhost", "gather_facts": False,
-        "tasks": [{"gpuprov_node_state": {
+        "tasks": [{"gpuprov.cluster.gpuprov_node_state": {
             "units": ["nvidia-persistenced"], "files": [str(written), str(tmp_path / "absent")],
             "configs": [str(written)], "version_command": ["gpuprov-no-such-runtime", "-v"]},
             "register": "read"},

@@ -7,7 +7,7 @@
   its sources with the date they were read;
 - gpuprov/node/ (what runs on a node) imports the standard library, gpuprov.nvidia and
   gpuprov.node only (pynvml inside functions, relatively inside gpuprov, so that it also works
-  as ansible.module_utils.gpuprov), and needs no newer Python than the probe claims
+  as the collection's module_utils gpuprov), and needs no newer Python than the probe claims
   (gpuprov.payload.MIN_PYTHON);
 - what a node gets is derived from the folder: the payload and the module's module_utils.
 """
@@ -30,8 +30,8 @@ STAGES, NVIDIA, NODE = PACKAGE / "stages", PACKAGE / "nvidia", PACKAGE / "node"
 FILTERS = REPO / "plugins" / "filter"
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if (p / "tasks").is_dir())
 STDLIB = sys.stdlib_module_names | {"__future__"}
-# A filter call in a role's tasks or vars: `| gpuprov_name` or `| gpuprov_name(`.
-FILTER_CALL = re.compile(r"\|\s*(gpuprov_\w+)")
+# A filter call in a role's tasks or vars, by its FQCN: `| gpuprov.cluster.gpuprov_name(`.
+FILTER_CALL = re.compile(r"\|\s*gpuprov\.cluster\.(gpuprov_\w+)")
 
 
 def _modules(folder: Path) -> list[Path]:
@@ -90,6 +90,18 @@ def test_a_role_calls_filters_that_exist():
         for path in (REPO / "roles" / role).glob("*/*.yml"):
             called = set(FILTER_CALL.findall(path.read_text()))
             assert called <= defined, f"{path.relative_to(REPO)}: {called - defined}"
+
+
+def test_roles_and_playbooks_call_gpuprovs_plugins_by_their_fqcn():
+    """A role of an installed collection finds its own collection's modules by short name, but
+    not its filters and lookups (Ansible's "Using collections in a playbook"); FQCN throughout
+    works from a clone and from the installed collection alike."""
+    bare = re.compile(r"\|\s*gpuprov_\w+|(?:lookup|query)\(\s*'gpuprov_\w+"
+                      r"|^\s*(?:-\s+)?gpuprov_\w+:", re.M)
+    paths = [*REPO.glob("roles/*/*/*.yml"), *REPO.glob("roles/*/templates/**/*.j2"),
+             *REPO.glob("playbooks/*.yml")]
+    found = {str(p.relative_to(REPO)): bare.findall(p.read_text()) for p in paths}
+    assert {path: calls for path, calls in found.items() if calls} == {}
 
 
 @pytest.mark.parametrize("role", sorted(p.stem for p in FILTERS.glob("*.py")))

@@ -245,3 +245,45 @@ def test_mig_parteds_own_example_config_plans_an_a100_node_as_mig_parted_would()
     # The same file on H100s: their profiles are named otherwise, and the stage says so.
     with pytest.raises(gpu_mig.StageError, match="H100-80GB has no MIG profile '1g.5gb'"):
         gpu_mig.plan(probe("gpu-hopper"), "all-1g.5gb", configs, node())
+
+
+# -- the validate stage's check (site.yml, before any stage changes anything) --------------
+
+
+def _preflight_gpus(name: str) -> list[dict]:
+    """gpu_preflight_gpus as the preflight sets it: the probe's PCI view, no driver needed."""
+    from gpuprov.stages import gpu_preflight
+
+    return gpu_preflight.probe_gpus(probe(name)["pci"])
+
+
+def test_the_check_passes_a_layout_that_fits_and_no_layout_at_all():
+    assert gpu_mig.check(_preflight_gpus("gpu-hopper"), "all-1g.10gb") is None
+    assert gpu_mig.check(_preflight_gpus("gpu-hopper"), None) is None
+    # Not MIG-capable: a layout for every GPU leaves them alone.
+    assert gpu_mig.check(_preflight_gpus("gpu-pascal"), "all-1g.10gb") is None
+
+
+@pytest.mark.parametrize(("config", "configs", "words"), [
+    ("all-1g.10gbb", None, "gpu_mig_config 'all-1g.10gbb': no MIG layout 'all-1g.10gbb'"),
+    ("mine", {"version": "v1", "mig-configs": {"mine": [
+        {"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": 8}}]}},
+     "gpu_mig_config 'mine': GPU 0:"),
+    ("mine", {"version": "v1", "mig-configs": {"mine": [{"devices": "all"}]}},
+     "gpu_mig_config 'mine':"),
+])
+def test_the_check_refuses_what_the_stage_would_refuse_later(config, configs, words):
+    gpus = _preflight_gpus("gpu-hopper")
+    problem = gpu_mig.check(gpus, config, configs)
+    assert problem is not None and problem.startswith(words), problem
+    # The stage itself, on the node with the driver, refuses the same settings.
+    with pytest.raises(gpu_mig.StageError):
+        gpu_mig.plan(probe("gpu-hopper"), config, configs, node())
+
+
+def test_the_plan_groups_the_nodes_whose_layout_changes():
+    assert gpu_mig.plan(probe("gpu-hopper"), "all-1g.10gb", None, node())["group"] == \
+        gpu_mig.GROUP_CHANGE
+    assert gpu_mig.plan(probe("gpu-pascal"), "all-1g.10gb", None, node())["group"] == \
+        gpu_mig.GROUP_STEADY
+    assert gpu_mig.plan(probe("gpu-hopper"), None)["group"] == gpu_mig.GROUP_STEADY

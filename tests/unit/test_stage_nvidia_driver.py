@@ -480,3 +480,26 @@ def test_nothing_is_built_before_a_driver_is_installed(driver):
     work = driver.gpuprov_driver_work({**_state(), "boot": _boot(None)}, plan, host="gpu-a",
                               package_manager="apt")
     assert work["next_kernel"] is None
+
+
+# nvidia_driver_debian_backports, given for every node (-e): a suite of Debian's archive, so
+# it applies only where the driver comes from there (issue 31: on gpu-hopper, Debian 13 with
+# NVIDIA's repository, it made apt fail midway with "The value 'trixie-backports' is invalid
+# for APT::Default-Release").
+def test_backports_is_the_target_release_where_the_driver_comes_from_debians_archive(driver):
+    plan = driver.gpuprov_driver_plan(_settings(debian_backports=True, release="bookworm"))
+    assert plan["target_release"] == "bookworm-backports" and plan["notes"] == []
+    assert driver.gpuprov_driver_plan(_settings(release="bookworm"))["target_release"] is None
+
+
+@pytest.mark.parametrize(("settings", "why"), [
+    (_cuda_settings(debian_backports=True, release="trixie"),
+     "its driver comes from NVIDIA's repository"),
+    (_settings("Ubuntu_24", debian_backports="yes", release="noble"), "Ubuntu 24, not Debian"),
+    (_settings("RedHat_9", debian_backports=True), "RedHat 9, not Debian"),
+])
+def test_backports_is_ignored_with_a_note_where_it_cannot_apply(driver, settings, why):
+    plan = driver.gpuprov_driver_plan(settings)
+    assert plan["problem"] is None and plan["target_release"] is None
+    (note,) = plan["notes"]
+    assert note.startswith("gpu-a: nvidia_driver_debian_backports is ignored: ") and why in note
