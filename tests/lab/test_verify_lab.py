@@ -34,6 +34,8 @@ MIG = "gpu.mig"
 # driver.security warns on Debian 12's 470 and 535 (accepted by the lab's inventory:
 # nvidia_driver_allow_vulnerable) and passes on gpu-hopper's fixed R580: checked on its own.
 SECURITY = "driver.security"
+# k8s.health skips: the lab nodes' health agents cannot reach the emulated API server.
+HEALTH = "k8s.health"
 EVERY_CHECK = set(CHECKS) - {"pods.cuda-compat", EOL, NEXT_BOOT, MIG, SECURITY}  # --image
 
 
@@ -163,7 +165,9 @@ def test_fault_fails_its_check_on_its_node_only(lab, verify, restores_the_cluste
     assert (node, check) in failed, failed
     assert {n for n, _ in failed} == {node}, failed
     others = [r for r in doc["results"] if r["node"] != node]
-    assert others and all(r["status"] in ("pass", "skip") for r in others if r["check"] != EOL)
+    assert others and all(r["status"] in ("pass", "skip") for r in others
+                          if r["check"] not in (EOL, SECURITY))
+    assert {r["status"] for r in others if r["check"] == SECURITY} <= {"pass", "warn"}
     if check == NEXT_BOOT:
         release = nodefaults.next_kernel(lab.require().node(node).container)
         message = next(r["message"] for r in doc["results"]
@@ -279,7 +283,12 @@ def test_stopped_node_is_exit_3_and_the_others_are_fully_checked(lab, verify,
         got = {r["check"]: r["status"] for r in doc["results"] if r["node"] == node}
         node_checks = {c for c, spec in CHECKS.items()
                        if spec.phase in ("node", "cluster") and c not in (EOL, NEXT_BOOT, MIG)}
-        assert {c: got[c] for c in node_checks} == dict.fromkeys(node_checks, "pass"), node
+        expected = dict.fromkeys(node_checks, "pass")
+        # Debian 12's 535 on gpu-pascal is below NVIDIA's fixes, accepted by the lab inventory.
+        expected[SECURITY] = "pass" if node == "gpu-hopper" else "warn"
+        # The lab's health agents cannot reach the emulated API: no gpuprov.io/ conditions.
+        expected[HEALTH] = "skip"
+        assert {c: got[c] for c in node_checks} == expected, node
         assert got[MIG] == ("pass" if node == "gpu-hopper" else "skip"), node
 
 
