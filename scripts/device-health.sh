@@ -81,3 +81,21 @@ EOF
 grep -E "^gpuprov_health_(check_status|condition|kmsg|last)" "$OUT/textfile/gpuprov_health.prom" \
     | grep -v " 0.0$"
 ls -la "$OUT" "$OUT/state"
+
+echo "== where the agent's resident memory goes (one interpreter, step by step)"
+python3 -I - <<'EOF2'
+import sys
+sys.path.insert(0, "/tmp/site")
+def rss():
+    with open("/proc/self/status") as status:
+        return int(status.read().split("VmRSS:")[1].split()[0]) / 1024
+print(f"python3 -I: {rss():.1f} MiB")
+import json, hashlib, logging, subprocess  # noqa: E401 what the agent imports from the stdlib
+print(f"+ stdlib modules: {rss():.1f} MiB")
+import pynvml
+print(f"+ import pynvml: {rss():.1f} MiB")
+pynvml.nvmlInit()
+print(f"+ nvmlInit (libnvidia-ml loaded): {rss():.1f} MiB")
+import prometheus_client  # noqa: F401
+print(f"+ import prometheus_client: {rss():.1f} MiB")
+EOF2

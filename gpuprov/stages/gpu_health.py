@@ -14,6 +14,7 @@ place, so paths, not copies, wherever the kubeconfig gives paths).
 
 from __future__ import annotations
 
+import dataclasses
 import base64
 import posixpath
 from collections.abc import Mapping
@@ -104,10 +105,13 @@ def agent_config(node_name: str, settings: Mapping[str, Any], access: Mapping[st
     from gpuprov.verify import inventory
 
     node = inventory.node_from_vars(node_name, {inventory.GPU_GROUP}, dict(hostvars))
-    node_settings = {"gpu_expected": True, "driver_branch_pin": node.driver_branch_pin,
-                     "driver_source": node.driver_source, "toolkit_mode": node.toolkit_mode,
-                     "container_runtime": node.container_runtime,
-                     "mig_config": node.mig_config, "mig_configs": node.mig_configs}
+    # NodeSettings names what the node-phase checks read of a node: the agent gets exactly
+    # those fields of the inventory's node, no second list to keep in step.
+    from gpuprov.verify.node_phase import NodeSettings
+
+    node_settings = {f.name: getattr(node, f.name) for f in dataclasses.fields(NodeSettings)
+                     if f.name != "name"}
+    node_settings["gpu_expected"] = True
     return {
         "node_name": node.node_name,
         "state_dir": settings["gpu_health_state_dir"],
@@ -116,7 +120,7 @@ def agent_config(node_name: str, settings: Mapping[str, Any], access: Mapping[st
         "clear_after_passes": settings["gpu_health_clear_after_passes"],
         "textfile_dir": settings.get("gpu_health_textfile_dir") or None,
         "kube": dict(access) if access else None,
-        "settings": {k: v for k, v in node_settings.items() if v is not None},
+        "settings": {k: v for k, v in node_settings.items() if v not in (None, False)},
     }
 
 

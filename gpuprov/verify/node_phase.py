@@ -30,6 +30,7 @@ class NodeSettings:
     gpu_expected: bool = False
     driver_branch_pin: str | None = None
     driver_source: str | None = None
+    driver_allow_vulnerable: bool = False
     toolkit_mode: str | None = None
     container_runtime: str | None = None
     mig_config: str | None = None

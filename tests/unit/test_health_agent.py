@@ -70,6 +70,22 @@ def test_node_settings_are_the_inventory_nodes_fields():
             assert f.default == fields[f.name], f.name
 
 
+REAL_H200 = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "h200-580.159.04-board2"
+
+
+@pytest.mark.parametrize("name", ["gpu-pascal", "gpu-hopper", "cpu-only", "real-h200"])
+def test_every_node_check_runs_on_the_agents_settings(name):
+    # The agent gives the checks a NodeSettings, verify an inventory Node: a check that reads
+    # a field NodeSettings lacks crashes only in the agent (driver.security did, on the H200).
+    rep = (json.loads((REAL_H200 / "probe.json").read_text()) if name == "real-h200"
+           else report(name))
+    settings = {"name": name, "gpu_expected": name != "cpu-only",
+                "driver_allow_vulnerable": True}
+    findings = evaluate(settings, rep)
+    assert findings and all(f["status"] != "error" for f in findings), \
+        [f for f in findings if f["status"] == "error"]
+
+
 def test_xid_from_the_kernel_log_to_the_condition_restart_keeps_it_ack_clears(tmp_path):
     rep = report()
     pci = first_pci(rep)

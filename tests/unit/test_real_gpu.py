@@ -204,3 +204,30 @@ def test_the_fixture_says_what_it_is():
     assert meta["recorded_at"].startswith("2026-11-26")
     readme = (REAL / "README.md").read_text()
     assert all(word in readme for word in ("H200", "580.159.04", "2026-11-26"))
+
+
+BOARDS = sorted(p for p in (REPO / "tests" / "fixtures" / "real").iterdir()
+                if (p / "nvml-record.json").exists())
+
+
+@pytest.mark.parametrize("board", BOARDS, ids=lambda p: p.name)
+def test_every_recorded_board_replays_as_nvidia_smi_showed_it(board, monkeypatch):
+    # Each recording (another board, another driver, another day) replayed by today's probe
+    # must read every value as the same moment's nvidia-smi -q -x did.
+    record = json.loads((board / "nvml-record.json").read_text())
+    report = json.loads((board / "probe.json").read_text())
+    monkeypatch.setattr(nvml, "loaded_library", lambda: report["nvml"]["library"])
+    replayed = report | {"nvml": nvml.collect(fake_pynvml.make(record))}
+    rows = nvml_truth.compare(replayed, (board / "nvidia-smi.xml").read_text())
+    assert [r for r in rows if r["verdict"] in ("differs", "probe-none")] == []
+    assert sum(r["verdict"] == "same" for r in rows) >= 30
+    # and verify's node checks judge the replayed node as they judged the real one
+    node = Node(name=report["host"]["hostname"], target=None, gpu_expected=True)
+    selected = runner.select_checks()
+    got = {f.check: f.status for f in runner.node_findings(
+        [runner.nodes.ProbeResult(node, replayed)], selected)}
+    recorded = {f["check"]: f["status"] for f in json.loads(
+        (board / "verify.json").read_text())["results"] if f["check"] in got}
+    if "driver.security" not in recorded:  # recorded before the check existed
+        got.pop("driver.security")
+    assert got == recorded
