@@ -14,8 +14,8 @@ place, so paths, not copies, wherever the kubeconfig gives paths).
 
 from __future__ import annotations
 
-import dataclasses
 import base64
+import dataclasses
 import posixpath
 from collections.abc import Mapping
 from typing import Any
