@@ -38,6 +38,7 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -257,6 +258,8 @@ class Lab:
             list(pool.map(self._wait_for_ssh, state.nodes))
         self._write_inventory(state)
         self._ensure_swarm([n for n in state.nodes if n.docker])
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(state.nodes)) as pool:
+            list(pool.map(self._ensure_node_api, [n for n in state.nodes if not n.docker]))
         try:
             url = kube.start_background(self.kube_dir, lab_dir=self.dir)
         except RuntimeError as exc:
@@ -300,6 +303,13 @@ class Lab:
         if node.has_gpu:
             mounts[ndir / "sim"] = "/etc/gpuprov-sim"
             mounts[library.parent] = "/opt/gpuprov-sim/lib"
+        if not node.docker:
+            # SIMULATION: the node's way to the emulated API with its kubelet's identity
+            # (kube/app.py NODE_API_DIR): read-write, a socket is connected to by writing.
+            (ndir / kube.NODE_API_DIR).mkdir()
+            mounts_rw = {ndir / kube.NODE_API_DIR: kube.NODE_API_PATH}
+        else:
+            mounts_rw = {}
         containerd_root = ndir / "containerd"
         containerd_root.mkdir()
         args = [
@@ -311,6 +321,8 @@ class Lab:
         ]
         for src, dst in mounts.items():
             args += ["--volume", f"{src}:{dst}:ro"]
+        for src, dst in mounts_rw.items():
+            args += ["--volume", f"{src}:{dst}"]
         # Downloaded packages outlive the lab, so rebuilding it does not download them again.
         args += ["--volume", f"{apt_cache}:/var/cache/apt/archives"]
         if node.has_gpu:
@@ -434,6 +446,14 @@ class Lab:
             if self._ssh(node, "docker info --format '{{.Swarm.LocalNodeState}}'") != "active":
                 self._ssh(node, f"docker swarm join --token {token} {address}:2377 >/dev/null")
 
+    def _ensure_node_api(self, node: Node) -> None:
+        """SIMULATION: the node's side of its way to the emulated API (kube/app.py
+        NODE_API_DIR): systemd-socket-proxyd on 127.0.0.1:6443, and the kubelet's kubeconfig
+        where kubeadm puts it, so that what reads the kubelet's credentials on a real node
+        (the gpu_health role, for its agent) finds them here. Plain HTTP, no client
+        certificate: the socket is the identity (EMULATION.md)."""
+        self._ssh(node, _node_api_script(node.name))
+
     def _ssh(self, node: Node, command: str) -> str:
         proc = subprocess.run(self.ssh_command(node, command), capture_output=True, text=True,
                               timeout=120, check=False)
@@ -512,6 +532,35 @@ class Lab:
         else:
             simhw.set_fault(self.node_dir(node.name), fault, gpu_index=gpu_index)
         return self.status_of(node)["faults"]
+
+
+def _node_api_script(name: str) -> str:
+    server = f"http://127.0.0.1:{kube.NODE_API_PORT}"
+    kubeconfig = yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "preferences": {},
+        "clusters": [{"name": "default-cluster", "cluster": {"server": server}}],
+        "contexts": [{"name": "default-context", "context": {
+            "cluster": "default-cluster", "namespace": "default", "user": "default-auth"}}],
+        "current-context": "default-context",
+        "users": [{"name": "default-auth", "user": {}}],
+    }, sort_keys=False)
+    socket_unit = (
+        "[Unit]\nDescription=gpuprov lab: the emulated Kubernetes API on 127.0.0.1\n"
+        f"[Socket]\nListenStream=127.0.0.1:{kube.NODE_API_PORT}\n"
+        "[Install]\nWantedBy=sockets.target\n")
+    service_unit = (
+        "[Unit]\nDescription=gpuprov lab: forward to the emulated Kubernetes API\n"
+        "Requires=gpuprov-lab-apiserver.socket\nAfter=gpuprov-lab-apiserver.socket\n"
+        "[Service]\nExecStart=/lib/systemd/systemd-socket-proxyd "
+        f"{kube.NODE_API_PATH}/{kube.NODE_API_SOCKET}\n")
+    files = {"/etc/systemd/system/gpuprov-lab-apiserver.socket": socket_unit,
+             "/etc/systemd/system/gpuprov-lab-apiserver.service": service_unit,
+             "/etc/kubernetes/kubelet.conf": kubeconfig}
+    writes = " && ".join(
+        f"mkdir -p {shlex.quote(os.path.dirname(path))} && printf %s {shlex.quote(text)} "
+        f"> {shlex.quote(path)}" for path, text in files.items())
+    return (f"{writes} && chmod 600 /etc/kubernetes/kubelet.conf && systemctl daemon-reload "
+            "&& systemctl enable --now --quiet gpuprov-lab-apiserver.socket")
 
 
 def plan_nodes(specs: list[str]) -> list[tuple[str, str, str, str]]:

@@ -49,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     address = emulator.start()
+    if args.lab_dir:
+        served = app.serve_lab_nodes(emulator.server, args.lab_dir.resolve(),
+                                     [n.name for n in backend.nodes()])
+        logging.info("serving nodes' kubelet identities on Unix sockets: %s",
+                     ", ".join(served) or "none")
     (state_dir / app.PID_FILE).write_text(f"{os.getpid()}\n")
     tmp = state_dir / (app.URL_FILE + ".tmp")
     tmp.write_text(address + "\n")

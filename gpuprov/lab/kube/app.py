@@ -24,6 +24,14 @@ from gpuprov.lab.kube.server import ApiServer
 from gpuprov.lab.kube.store import Store
 
 PID_FILE, URL_FILE, LOG_FILE = "kube-api.pid", "kube-api.url", "kube-api.log"
+# SIMULATION: how a lab node reaches the API with its kubelet's identity. The emulator serves
+# node N on the Unix socket nodes/N/NODE_API_DIR/NODE_API_SOCKET of the lab directory
+# (ApiServer.serve_node_socket); lab.py mounts that directory at NODE_API_PATH in the node,
+# where systemd-socket-proxyd (systemd's own) forwards 127.0.0.1:NODE_API_PORT to it, and
+# writes the node's /etc/kubernetes/kubelet.conf for that address.
+NODE_API_DIR, NODE_API_SOCKET = "api", "apiserver.sock"
+NODE_API_PATH, NODE_API_PORT = "/opt/gpuprov-sim/api", 6443
+UNIX_PATH_MAX = 107  # sun_path is 108 bytes with the terminating NUL
 START_TIMEOUT = 30.0
 
 
@@ -50,6 +58,22 @@ class Emulator:
     def stop(self) -> None:
         self.cluster.stop()
         self.server.stop()
+
+
+def serve_lab_nodes(server: ApiServer, lab_dir: Path, nodes: list[str]) -> list[str]:
+    """Serve each lab node that has its API directory on its socket; the nodes served."""
+    served = []
+    for node in nodes:
+        directory = lab_dir / "nodes" / node / NODE_API_DIR
+        path = str(directory / NODE_API_SOCKET)
+        if not directory.is_dir():
+            continue  # a node made before the lab had node sockets: `lab down` and up
+        if len(path.encode()) > UNIX_PATH_MAX:
+            raise RuntimeError(f"lab directory path too long for a Unix socket ({path}): "
+                               "use a shorter lab directory")
+        server.serve_node_socket(path, node)
+        served.append(node)
+    return served
 
 
 def fake_backend_from_file(path: Path) -> FakeBackend:

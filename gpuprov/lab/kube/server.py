@@ -9,8 +9,11 @@ kubernetes client's urllib3 pool expects.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import socketserver
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +53,15 @@ class _Server(ThreadingHTTPServer):
     api: ApiServer
 
 
+class _NodeServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """A listener on a Unix socket that stands for one node's kubelet credentials: every
+    request on it is that node's, and NodeRestriction applies (see _node_restriction)."""
+
+    daemon_threads = True
+    api: ApiServer
+    node_identity: str
+
+
 class ApiServer:
     def __init__(self, registry: Registry, host: str = "127.0.0.1", port: int = 0,
                  logs: LogSource = _no_logs) -> None:
@@ -57,8 +69,25 @@ class ApiServer:
         self.logs = logs
         self._httpd = _Server((host, port), _Handler)
         self._httpd.api = self
+        self._httpd.node_identity = None  # type: ignore[attr-defined]
         self._thread: threading.Thread | None = None
+        self._node_servers: list[_NodeServer] = []
         self.requests = 0  # served so far: benchmarks count API requests with it
+
+    def serve_node_socket(self, path: str, node: str) -> None:
+        """SIMULATION: serve node `node`'s kubelet credentials on a Unix socket. The lab's
+        nodes reach the API through it (lab.py mounts its directory into the node, where
+        systemd-socket-proxyd forwards the node's 127.0.0.1:6443 to it): no traffic to
+        container bridge addresses, and the socket a request came in on is its identity,
+        as a real API server takes it from the kubelet's client certificate."""
+        if os.path.exists(path):
+            os.unlink(path)  # left by an API server that was killed
+        server = _NodeServer(path, _Handler)
+        server.api, server.node_identity = self, node
+        os.chmod(path, 0o666)  # connect() needs write permission on the socket
+        self._node_servers.append(server)
+        threading.Thread(target=server.serve_forever, name=f"kube-api-{node}",
+                         daemon=True).start()
 
     @property
     def url(self) -> str:
@@ -78,6 +107,11 @@ class ApiServer:
         self.registry.store.close()
         self._httpd.shutdown()
         self._httpd.server_close()
+        for server in self._node_servers:
+            server.shutdown()
+            server.server_close()
+            with contextlib.suppress(OSError):
+                os.unlink(server.server_address)  # type: ignore[arg-type]
 
 
 
@@ -88,6 +122,10 @@ class _Handler(BaseHTTPRequestHandler):
     # -- plumbing ------------------------------------------------------------------------------
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
         log.debug("%s %s", self.address_string(), format % args)
+
+    def address_string(self) -> str:
+        node = getattr(self.server, "node_identity", None)
+        return f"node {node}" if node else super().address_string()
 
     def do_GET(self) -> None:  # noqa: N802 (stdlib naming)
         self._dispatch("GET")
@@ -191,6 +229,9 @@ class _Handler(BaseHTTPRequestHandler):
         rt, namespace, name, sub = self._resolve(*_api_path(parts))
         if sub and rt.subresource(sub) is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        node = getattr(self.server, "node_identity", None)
+        if node:
+            self._node_restriction(node, method, rt, namespace or "", name, sub, query, body)
         if method == "GET":
             self._get(rt, namespace, name, sub, query)
         elif method == "POST":
@@ -201,6 +242,43 @@ class _Handler(BaseHTTPRequestHandler):
             self._delete(rt, namespace, name, query, body)
         else:
             raise ApiError.method_not_allowed()
+
+    def _node_restriction(self, node: str, method: str, rt: ResourceType, namespace: str,
+                          name: str, sub: str, query: dict, body: Any) -> None:
+        """What a kubelet's credentials may do, as the Node authorizer and the NodeRestriction
+        admission plugin decide it, for the calls the lab's nodes make (the health agent's):
+        read; write its own Node and node status, but not the Node's taints; create Events.
+        Followed: kubernetes plugin/pkg/admission/noderestriction/admission.go (admitNode,
+        its messages) and plugin/pkg/auth/authorizer/node. Not emulated: the Node
+        authorizer's graph (which secrets, configmaps and pods a node may read), leases,
+        CSINodes, ResourceSlices, pods and their status."""
+        user = f"system:node:{node}"
+        if method == "GET":
+            return
+        if rt.plural == "events" and method == "POST":
+            return
+        if rt.plural != "nodes" or not name or method not in ("PATCH", "PUT"):
+            verb = {"POST": "create", "PUT": "update", "PATCH": "patch",
+                    "DELETE": "delete"}.get(method, method.lower())
+            resource = f"{rt.plural}/{sub}" if sub else rt.plural
+            raise ApiError.forbidden(rt.group, rt.plural, name, (
+                f'User "{user}" cannot {verb} resource "{resource}" in API group '
+                f'"{rt.group}"' + (f' in the namespace "{namespace}"' if namespace else
+                                   " at the cluster scope")))
+        if name != node:
+            raise ApiError.forbidden(rt.group, rt.plural, name,
+                                     f"node {node!r} is not allowed to modify node {name!r}"
+                                     .replace("'", '"'))
+        reg = self.server.api.registry
+        before = reg.get(rt, namespace, name)
+        if method == "PUT":
+            after = reg.replace(rt, namespace, name, body, sub, True)
+        else:
+            ctype = self.headers.get("Content-Type", "application/merge-patch+json")
+            after = reg.patch(rt, namespace, name, ctype, body, sub, True)
+        if (before.get("spec") or {}).get("taints") != (after.get("spec") or {}).get("taints"):
+            raise ApiError.forbidden(rt.group, rt.plural, name,
+                                     f'node "{node}" is not allowed to modify taints')
 
     def _serve_discovery(self, parts: list[str]) -> bool:
         doc = self._discovery(parts)
