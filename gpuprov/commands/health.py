@@ -178,7 +178,8 @@ def run_ack(args: argparse.Namespace) -> int:
         raise GpuprovError(f"cannot annotate node {args.node}: {exc.status} {exc.reason}") \
             from None
     print(f"acknowledged on {args.node}: {ack['reason']} (id {ack['id']}); its agent clears "
-          "the XID faults seen before then at its next check cycle")
+          "the XID faults seen before then at its next check cycle (at once: `systemctl reload "
+          "gpuprov-health-agent` on the node)")
     return 0
 
 

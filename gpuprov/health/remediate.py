@@ -112,9 +112,12 @@ def plan(nodes: Iterable[Mapping[str, Any]], options: Options, now: float) -> li
                     actions.append(Action("release", h.name, "recovered: "
                                           "gpuprov's cordon and taint given back",
                                           h.cordon))
-            elif not h.cordon.get("preexisting"):
-                taken += 1
-            continue
+                # and on to the plugin's unhealthy-forever below: a node given back gets
+                # its GPUs back in the same round
+            else:
+                if not h.cordon.get("preexisting"):
+                    taken += 1
+                continue
         if faulty:
             first = min(c.get("lastTransitionTime", "") for c in h.actionable)
             wanting.append((first, h))

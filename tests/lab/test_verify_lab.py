@@ -34,8 +34,6 @@ MIG = "gpu.mig"
 # driver.security warns on Debian 12's 470 and 535 (accepted by the lab's inventory:
 # nvidia_driver_allow_vulnerable) and passes on gpu-hopper's fixed R580: checked on its own.
 SECURITY = "driver.security"
-# k8s.health skips: the lab nodes' health agents cannot reach the emulated API server.
-HEALTH = "k8s.health"
 EVERY_CHECK = set(CHECKS) - {"pods.cuda-compat", EOL, NEXT_BOOT, MIG, SECURITY}  # --image
 
 
@@ -287,8 +285,6 @@ def test_stopped_node_is_exit_3_and_the_others_are_fully_checked(lab, verify,
         expected = dict.fromkeys(node_checks, "pass")
         # Debian 12's 535 on gpu-pascal is below NVIDIA's fixes, accepted by the lab inventory.
         expected[SECURITY] = "pass" if node == "gpu-hopper" else "warn"
-        # The lab's health agents cannot reach the emulated API: no gpuprov.io/ conditions.
-        expected[HEALTH] = "skip"
         assert {c: got[c] for c in node_checks} == expected, node
         assert got[MIG] == ("pass" if node == "gpu-hopper" else "skip"), node
 

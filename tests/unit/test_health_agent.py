@@ -86,6 +86,32 @@ def test_every_node_check_runs_on_the_agents_settings(name):
         [f for f in findings if f["status"] == "error"]
 
 
+def test_check_now_reads_an_ack_without_waiting_for_the_interval(tmp_path):
+    # `systemctl reload gpuprov-health-agent` (SIGHUP) runs a cycle at once: with an hour's
+    # interval, only check_now() can clear the acknowledged fault within the wait.
+    pci = first_pci(report())
+    with running_emulator() as emu:
+        agent = make_agent(tmp_path, emu.url)
+        agent.config = dataclasses.replace(agent.config, interval_s=3600.0)
+        thread = run_in_thread(agent)
+        with open(tmp_path / "kmsg", "a") as f:
+            f.write(f"3,7,5000000,-;{XID79.format(pci=pci)}\n")
+        wait_for(lambda: (node_condition(emu.url, "gpu-pascal") or {}).get("status") == "True",
+                 "GPUFault True")
+        ack = {"id": "t", "at": time.time(), "by": "admin", "reason": "reseated"}
+        Client({"server": emu.url}, "gpu-pascal")._request(
+            "PATCH", "/api/v1/nodes/gpu-pascal",
+            {"metadata": {"annotations": {agent_module.ACK_ANNOTATION: json.dumps(ack)}}},
+            "application/merge-patch+json")
+        time.sleep(1.5)
+        assert node_condition(emu.url, "gpu-pascal")["status"] == "True"  # not read yet
+        agent.check_now()
+        wait_for(lambda: node_condition(emu.url, "gpu-pascal")["status"] == "False",
+                 "GPUFault False after check_now", timeout=10)
+        agent.stop()
+        thread.join(5)
+
+
 def test_xid_from_the_kernel_log_to_the_condition_restart_keeps_it_ack_clears(tmp_path):
     rep = report()
     pci = first_pci(rep)

@@ -103,6 +103,17 @@ def test_plugin_restart_once_an_hour_never_on_a_fault_or_without_the_agent():
                           10_000) == []
 
 
+def test_a_node_given_back_gets_its_stuck_plugin_restarted_in_the_same_round():
+    # The XID that cordoned it also made the device plugin mark the GPU unhealthy for good:
+    # giving the node back without its GPUs would be half a recovery.
+    taken = {"at": 1, "reason": "r", "evidence": [], "preexisting": False, "taint": False}
+    recovered = node("a", False, unschedulable=True, cordon=taken, allocatable=3)
+    assert kinds(remediate.plan([recovered], remediate.Options(), 10_000)) == [
+        ("release", "a"), ("restart-plugin", "a")]
+    whole = node("a", False, unschedulable=True, cordon=taken)
+    assert kinds(remediate.plan([whole], remediate.Options(), 10_000)) == [("release", "a")]
+
+
 # -- the commands against the emulated API --------------------------------------------------
 
 

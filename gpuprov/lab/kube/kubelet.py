@@ -115,6 +115,10 @@ class PluginDevices:
     # started (it sees XIDs from then on) and its container's environment (the XIDs it skips).
     kmsg_seq: int = -1
     env: Mapping[str, str] = field(default_factory=dict)
+    # The GPUs it marked unhealthy: a mark stays until the plugin restarts, whatever the
+    # kernel log holds later (a lab fault cleared takes its records out of the simulated log,
+    # as a ring buffer loses old records; the plugin's mark is in its memory, not the log).
+    marked: set[int] = field(default_factory=set)
 
     @property
     def indices(self) -> dict[str, str]:
@@ -163,8 +167,10 @@ class Kubelet:
         if served is None:
             return set()
         records = getattr(self.backend, "xid_records", None)
-        return {gpu for seq, gpu, xid in (records(self.name) if records else [])
-                if seq > served.kmsg_seq and deviceplugin.xid_marks_unhealthy(xid, served.env)}
+        served.marked.update(
+            gpu for seq, gpu, xid in (records(self.name) if records else [])
+            if seq > served.kmsg_seq and deviceplugin.xid_marks_unhealthy(xid, served.env))
+        return set(served.marked)
 
     def allocate(self, uid: str, resource: str, count: int) -> list[str] | None:
         """`count` distinct healthy devices of `resource` not held by other pods (any, with

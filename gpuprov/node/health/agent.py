@@ -157,6 +157,7 @@ class Agent:
         self.kmsg_error: str | None = None
         self.queue: queue.Queue = queue.Queue(maxsize=200000)
         self.stopping = threading.Event()
+        self.cycle_asked = threading.Event()  # check_now()
         hs.CLEAR_AFTER_PASSES = config.clear_after_passes
 
     # -- state ----------------------------------------------------------------------------
@@ -344,6 +345,11 @@ class Agent:
             self.kmsg_error = f"{self.config.kmsg}: {exc}"
             log.error("kernel log not followed: %s", self.kmsg_error)
 
+    def check_now(self) -> None:
+        """Run a check cycle (and read the admin's acks) at once, not at the next interval:
+        SIGHUP, i.e. `systemctl reload gpuprov-health-agent`, after an ack or a repair."""
+        self.cycle_asked.set()
+
     def stop(self) -> None:
         self.stopping.set()
         if self.follower is not None:
@@ -374,6 +380,9 @@ class Agent:
                 if changed:
                     self.publish()
                 self.write_metrics()
+            if self.cycle_asked.is_set():
+                self.cycle_asked.clear()
+                next_cycle = time.monotonic()
             if time.monotonic() >= next_cycle:
                 self.run_cycle()
                 done += 1
@@ -435,5 +444,6 @@ def main(argv: list[str] | None, evaluate: Evaluate) -> int:
     # saved at the end of each), then exit 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: agent.stop())
+    signal.signal(signal.SIGHUP, lambda *_: agent.check_now())
     agent.run()
     return 0
