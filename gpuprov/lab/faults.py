@@ -93,6 +93,13 @@ FAULTS: dict[str, Fault] = {
             per_gpu=False, layer="node",
         ),
         Fault(
+            "containerd-config-rewritten",
+            "/etc/containerd/config.toml replaced by the node's own `containerd config "
+            "default` (no imports of conf.d, no nvidia runtime), as an installer resetting "
+            "containerd's config does; containerd is not restarted",
+            per_gpu=False, layer="node",
+        ),
+        Fault(
             "xid-79",
             "the kernel log has the driver's XID 79 for one GPU (\"GPU has fallen off the "
             "bus\"), as on a GPU that needs a reset or a reseat",

@@ -1,5 +1,10 @@
 """SIMULATION: the lab's faults in a node's own files (layer "node" of lab/faults.py).
 
+`containerd-config-rewritten`: /etc/containerd/config.toml replaced by the node's real
+`containerd config default` (no imports of conf.d, no nvidia runtime), as an installer that
+"resets" containerd's config does; the admin's file is kept aside and put back on clearing.
+containerd is not restarted (it keeps what it loaded), so only a reader of the config sees it.
+
 `next-kernel-no-module`: a kernel upgrade whose module was never built. The node gets
 /boot/vmlinuz-RELEASE and /lib/modules/RELEASE/ with a modules.dep that lists no nvidia
 module, as a Debian kernel package leaves them when DKMS had no headers to build with.
@@ -28,6 +33,8 @@ from gpuprov.lab import podman
 
 STATE_FILE = "node-faults.json"
 RELEASE_FILE = "/var/lib/gpuprov-sim/next-kernel"
+CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+CONTAINERD_ASIDE = "/var/lib/gpuprov-sim/containerd-config.toml"
 # The headers meta-package of the lab's kernel flavour names the newest release (apt-cache
 # depends prints "  Depends: linux-headers-6.1.0-50-amd64").
 _NEWEST_RELEASE = ("apt-cache depends linux-headers-amd64 2>/dev/null"
@@ -40,6 +47,15 @@ _SET = {
         f"mkdir -p /boot /lib/modules/$r/kernel \"$(dirname {RELEASE_FILE})\"; "
         ": > /boot/vmlinuz-$r; : > /lib/modules/$r/modules.dep; "
         f"echo $r > {RELEASE_FILE}; echo $r"),
+    # An installer (a Kubernetes distribution's, a package's postinst) writes containerd's
+    # default config over the admin's: the real containerd's own `config default`, which has
+    # no `imports` of conf.d and no nvidia runtime. containerd keeps running with what it
+    # loaded; the next restart would lose the NVIDIA runtime.
+    "containerd-config-rewritten": (
+        f"set -e; [ -e {CONTAINERD_ASIDE} ] || {{ mkdir -p \"$(dirname {CONTAINERD_ASIDE})\"; "
+        f"cp -p {CONTAINERD_CONFIG} {CONTAINERD_ASIDE}; }}; "
+        f"containerd config default > {CONTAINERD_CONFIG}.new; "
+        f"mv {CONTAINERD_CONFIG}.new {CONTAINERD_CONFIG}"),
 }
 _CLEAR = {
     "next-kernel-no-module": (
@@ -49,6 +65,8 @@ _CLEAR = {
         ">/dev/null; fi; "
         "rm -rf /boot/vmlinuz-$r /lib/modules/$r /var/lib/dkms/*/*/$r /var/lib/dkms/*/kernel-$r-* "
         f"{RELEASE_FILE}"),
+    "containerd-config-rewritten": (
+        f"[ -e {CONTAINERD_ASIDE} ] || exit 0; mv {CONTAINERD_ASIDE} {CONTAINERD_CONFIG}"),
 }
 
 

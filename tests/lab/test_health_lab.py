@@ -193,3 +193,25 @@ def test_a_node_an_admin_cordoned_stays_cordoned_after_it_recovers(lab, core):
         assert core.read_node("gpu-kepler").spec.unschedulable, released.stdout
     finally:
         core.patch_node("gpu-kepler", {"spec": {"unschedulable": None}})
+
+
+def test_containerd_config_rewritten_raises_runtimeproblem_and_clears_after_the_fix(lab, core):
+    runtime = "gpuprov.io/RuntimeProblem"
+    lab.fault("gpu-hopper", "containerd-config-rewritten")
+    try:
+        reload_agents(lab, ["gpu-hopper"])
+        raised = wait_for(lambda: (c := condition(core, "gpu-hopper", runtime))
+                          and c.status == "True" and c, "RuntimeProblem on gpu-hopper", 60)
+        assert raised.reason == "runtime.nvidia", raised
+        assert health_problems(core) == {"gpu-hopper": [runtime]}
+        # Not acted on by remediation (RuntimeProblem is reported, not cordoned for).
+        assert "cordon gpu-hopper" not in run_gpuprov(lab, "health", "remediate", "--once").stdout
+    finally:
+        lab.fault("gpu-hopper", "containerd-config-rewritten", clear=True)
+    # An ongoing problem clears after gpu_health_clear_after_passes passing cycles: no ack.
+    deadline = time.monotonic() + 45
+    while condition(core, "gpu-hopper", runtime).status != "False" \
+            and time.monotonic() < deadline:
+        reload_agents(lab, ["gpu-hopper"])
+        time.sleep(1.0)
+    assert condition(core, "gpu-hopper", runtime).status == "False"
