@@ -17,6 +17,10 @@ Three parts, each with its own agent:
            write it had handled them all, and that they are one fault with that count.
   latency  --samples (default 20) XID records of new faults, each written to the kernel log and
            timed until the emulated API server shows it in the node's GPUFault condition.
+  memory   resident memory after --memory-seconds (default 10, a cycle every 2 s) on a node whose
+           python3 is the controller's (the shipped bytecode) and on one whose python3 is not
+           (magic number replaced): without the bytecode cache (the prelude taken out of the
+           script, as before gpuprov/node/health/launch.py), then its first and second start.
 
     .venv/bin/python bench/health_agent.py [--part budget|storm|latency|all] [--seconds 600]
 """
@@ -229,9 +233,47 @@ def latency(tmp: Path, script: Path, sim: dict, samples: int) -> None:
           "0.2 s of it)")
 
 
+def _foreign(script: bytes, cache: bool) -> bytes:
+    """The script as a controller with another Python than the node's builds it; without the
+    health agent's bytecode cache where cache is False."""
+    import base64
+    import marshal
+    import zlib
+
+    head, rest = script.split(b"\n", 1)
+    packed = marshal.loads(zlib.decompress(base64.b64decode(head[len(b'PAYLOAD = b"'):-1])))
+    packed["magic"] = b"\x00\x00\r\n"
+    encoded = base64.b64encode(zlib.compress(marshal.dumps(packed, payload.MARSHAL_VERSION)))
+    if not cache:
+        prelude = payload.PRELUDES["health-agent"].encode()
+        assert prelude in rest
+        rest = rest.replace(prelude, b"")
+    return b'PAYLOAD = b"' + encoded + b'"\n' + rest
+
+
+def memory(tmp: Path, script: Path, sim: dict, seconds: float) -> None:
+    variants = {"shipped": script.read_bytes(),
+                "foreign-nocache": _foreign(script.read_bytes(), cache=False),
+                "foreign-cache": _foreign(script.read_bytes(), cache=True)}
+    for name, text in variants.items():
+        path = tmp / f"{name}.py"
+        path.write_bytes(text)
+        cfg = config(tmp, f"memory-{name}", sim["root"], 2, None)
+        for start in (1, 2):
+            child = run_child(path, cfg, sim["env"])
+            time.sleep(seconds)
+            rss, hwm = memory_mib(child.pid)
+            stop(child)
+            cached = sorted(p.name[:20] for p in (cfg.parent / "state").glob("payload-*"))
+            print(f"memory, {name}, start {start}: resident {rss:.1f} MiB, peak {hwm:.1f} MiB "
+                  f"(VmHWM of the running image){'; cache ' + cached[0] + '...' if cached else ''}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--part", choices=("budget", "storm", "latency", "all"), default="all")
+    parser.add_argument("--part", choices=("budget", "storm", "latency", "memory", "all"),
+                        default="all")
+    parser.add_argument("--memory-seconds", type=float, default=10)
     parser.add_argument("--seconds", type=float, default=600)
     parser.add_argument("--interval", type=float, default=60)
     parser.add_argument("--storm-lines", type=int, default=100000)
@@ -249,6 +291,8 @@ def main() -> int:
             latency(tmp, script, sim, args.samples)
         if args.part in ("storm", "all"):
             storm(tmp, script, sim, args.storm_lines, args.storm_seconds)
+        if args.part in ("memory", "all"):
+            memory(tmp, script, sim, args.memory_seconds)
         if args.part in ("budget", "all"):
             budget(tmp, script, sim, args.seconds, args.interval)
     return 0
