@@ -195,3 +195,32 @@ def test_the_payload_runs_the_agent_with_a_bare_python3(tmp_path):
                           "--once"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert run.returncode == 2 and "unknown setting(s) nonsense" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_reset_record_then_the_gpu_answering_clears_its_xid(tmp_path):
+    from gpuprov.node.health import kmsg
+
+    rep = report()
+    pci, uuid = first_pci(rep), rep["nvml"]["gpus"][0]["uuid"]
+    agent = make_agent(tmp_path, None, rep=rep)
+    agent.start()
+    agent.run_cycle()  # learns the GPUs' UUIDs
+    agent.handle_record(kmsg.Record(7, 1, 3, XID79.format(pci=pci)))
+    reset = f"GPU reset executed: {uuid}, success: true"
+    assert agent.handle_record(kmsg.Record(8, 2, 4, reset))[0]["event"] == "reset-reported"
+    lost = json.loads(json.dumps(rep))
+    lost["nvml"]["gpus"][0] = {"index": 0, "error": {"code": 15, "name": "NVML_ERROR_GPU_IS_LOST"}}
+    agent.collect = lambda root: lost
+    agent.run_cycle()  # the GPU did not come back: a failed reset, the fault stays
+    assert f"xid:79:{pci}" in agent.state.faults and not agent.state.pending_resets
+    assert agent.handle_record(kmsg.Record(9, 3, 4, reset))[0]["event"] == "reset-reported"
+    agent.save()  # as the loop does after each batch of records
+    again = make_agent(tmp_path, None, rep=rep)  # restarted before the next cycle
+    again.start()
+    assert again.handle_record(kmsg.Record(9, 3, 4, reset)) == []  # read again: once only
+    assert again.state.pending_resets == {pci: again.state.pending_resets[pci]}
+    again.run_cycle()
+    # The XID is gone; the GPU count the lost GPU failed clears by its own rule (passes).
+    assert list(again.state.faults) == ["check:nvml.gpu-count"]
+    # A reset of a GPU this node does not have changes nothing.
+    assert again.handle_record(kmsg.Record(10, 4, 4, "GPU reset executed: GPU-0000")) == []

@@ -109,6 +109,35 @@ def test_reset_clears_only_faults_seen_before_it():
     assert list(s.faults) == ["xid:48:0000:3c:00"]
 
 
+def test_a_reported_reset_clears_when_the_gpu_answers_again():
+    s = fresh()
+    hs.step(s, hs.XidSeen(PCI, 79, "fallen off the bus", 120, seq=5))
+    notes = hs.step(s, hs.ResetReported(PCI, 130, seq=6))
+    assert notes[0]["event"] == "reset-reported" and s.kmsg_seq == 6
+    hs.step(s, hs.XidSeen(PCI, 48, "DBE", 135, seq=7))  # after the reset: not cured by it
+    s = roundtrip(s)  # the report survives an agent restart
+    assert hs.step(s, hs.GpuAnswered("0000:99:00", True, 140)) == []  # another GPU
+    cleared = hs.step(s, hs.GpuAnswered(PCI, True, 140))
+    assert [(n["event"], n["key"]) for n in cleared] == [("cleared", f"xid:79:{PCI}")]
+    assert list(s.faults) == [f"xid:48:{PCI}"] and not s.pending_resets
+    assert hs.step(s, hs.GpuAnswered(PCI, True, 150)) == []  # one report, one clearing
+
+
+def test_a_reset_that_failed_or_was_not_answered_clears_nothing():
+    s = fresh()
+    hs.step(s, hs.XidSeen(PCI, 79, "x", 120))
+    assert hs.step(s, hs.ResetReported(PCI, 130, ok=False))[0]["event"] == "reset-failed"
+    assert hs.step(s, hs.GpuAnswered(PCI, True, 140)) == []  # nothing reported as done
+    hs.step(s, hs.ResetReported(PCI, 150))
+    assert hs.step(s, hs.GpuAnswered(PCI, False, 160))[0]["event"] == "reset-failed"
+    assert list(s.faults) == [f"xid:79:{PCI}"]
+    hs.step(s, hs.ResetReported(PCI, 170))
+    hs.step(s, hs.Started("boot-a", 175))  # the agent restarted: the report stays
+    assert s.pending_resets == {PCI: 170}
+    hs.step(s, hs.Started("boot-b", 180))  # a new boot clears the fault and the report
+    assert not s.faults and not s.pending_resets
+
+
 def test_ack_rules():
     s = fresh()
     hs.step(s, hs.XidSeen(PCI, 79, "x", 120))
@@ -188,6 +217,8 @@ events = st.one_of(
               st.booleans()),
     st.just(("cycle",)),
     st.builds(lambda g, ok: ("reset", g, ok), st.sampled_from(GPUS), st.booleans()),
+    st.builds(lambda g, ok: ("report", g, ok), st.sampled_from(GPUS), st.booleans()),
+    st.builds(lambda g, ok: ("answer", g, ok), st.sampled_from(GPUS), st.booleans()),
     st.builds(lambda g, d: ("ack", g, d), st.sampled_from(GPUS + (None,)),
               st.sampled_from((-5, 0, 100_000))),
 )
@@ -213,6 +244,10 @@ def play(script: list[tuple]) -> list[tuple[hs.State, list[dict], tuple]]:
             event = hs.CycleDone(t)
         elif kind == "reset":
             event = hs.GpuReset(item[1], t, item[2])
+        elif kind == "report":
+            event = hs.ResetReported(item[1], t, item[2])
+        elif kind == "answer":
+            event = hs.GpuAnswered(item[1], item[2], t)
         else:
             event = hs.Ack(f"ack-{t}", t + item[2], "r", "admin", now=t, gpu=item[1])
         out.append((s, hs.step(s, event), item))
@@ -222,17 +257,48 @@ def play(script: list[tuple]) -> list[tuple[hs.State, list[dict], tuple]]:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(events, max_size=40))
 def test_only_the_allowed_triggers_clear_a_fault(script):
-    for _, notes, item in play(script):
+    reported: dict[str, int] = {}  # GPU -> the step of its pending reset report (the model)
+    boot = "b1"
+    for t, (_, notes, item) in enumerate(play(script), 1):
         for note in notes:
             if note["event"] != "cleared":
                 continue
             if note["key"].startswith("xid:"):
-                # an edge fault: a new boot, a successful reset of its GPU, or an ack
-                assert item[0] in ("start", "ack") or (item[0] == "reset" and item[2]), item
-                if item[0] == "reset":
+                # an edge fault: a new boot, a successful reset of its GPU (done, or reported
+                # and then answered), or an ack
+                assert item[0] in ("start", "ack") or (item[0] == "reset" and item[2]) or (
+                    item[0] == "answer" and item[2] and item[1] in reported), item
+                if item[0] in ("reset", "answer"):
                     assert item[1] == note["gpu"]
             else:  # a level fault: a passing check of its own
                 assert item[0] == "check" and item[2] and note["key"] == f"check:{item[1]}"
+        if item[0] == "report":
+            if item[2]:
+                reported[item[1]] = t
+            else:
+                reported.pop(item[1], None)
+        elif item[0] == "answer":
+            reported.pop(item[1], None)
+        elif item[0] == "start" and item[1] != boot:
+            boot = item[1]
+            reported.clear()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(events, max_size=40))
+def test_a_reset_clears_no_fault_seen_after_its_report(script):
+    last_seen: dict[str, int] = {}  # fault key -> the step of its latest record
+    reported: dict[str, int] = {}
+    for t, (_, notes, item) in enumerate(play(script), 1):  # play's clock: step t at time t
+        for note in notes:
+            if note["event"] == "cleared" and item[0] == "answer":
+                assert last_seen[note["key"]] <= reported[item[1]], (note, item)
+        if item[0] == "xid":
+            last_seen[f"xid:{item[2]}:{item[1]}"] = t
+        elif item[0] == "fallen":
+            last_seen[f"xid:79:{item[1]}"] = t
+        elif item[0] == "report" and item[2]:
+            reported[item[1]] = t
 
 
 @settings(max_examples=300, deadline=None)

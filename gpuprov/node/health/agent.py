@@ -214,6 +214,7 @@ class Agent:
                     and f"check:{check}" not in self.state.faults:
                 evidence = self._evidence_id(now)
             notes += hs.step(self.state, hs.CheckResult(check, status, message, now, evidence))
+        notes += self._resets_answered(report, now)
         notes += hs.step(self.state, hs.CycleDone(now))
         self.last_cycle = now
         self._read_acks()
@@ -246,6 +247,9 @@ class Agent:
         pair = kmsg.gpu_uuid(record)
         if pair:
             self.state.uuids[pair[0]] = pair[1]
+        reset = kmsg.reset_report(record)
+        if reset is not None:
+            return self._reset_reported(record, *reset)
         event = kmsg.gpu_event(record)
         if event is None:
             return []
@@ -265,6 +269,33 @@ class Agent:
         self._handle_notes(notes)
         return notes
 
+    def _reset_reported(self, record: kmsg.Record, uuid: str, ok: bool) -> list[dict]:
+        if record.seq <= self.state.kmsg_seq:  # handled before this agent restarted
+            return []
+        pci = next((p for p, u in self.state.uuids.items() if u.lower() == uuid.lower()), None)
+        if pci is None:
+            log.warning("reset reported for %s, which is none of this node's GPUs (%s)", uuid,
+                        ", ".join(sorted(self.state.uuids.values())) or "none known yet")
+            self.state.kmsg_seq = max(self.state.kmsg_seq, record.seq)
+            return []
+        self.recent_nvrm.append(f"{record.seq},{record.usec};{record.message}")
+        notes = hs.step(self.state, hs.ResetReported(pci, self.clock(), ok, record.seq))
+        self._handle_notes(notes)
+        return notes
+
+    def _resets_answered(self, report: Mapping[str, Any], now: float) -> list[dict]:
+        """A GPU with a reported reset answered NVML in this cycle (its handle, no error), or
+        did not; where NVML itself did not answer, the reset stays reported."""
+        nvml = report.get("nvml") or {}
+        if not self.state.pending_resets or nvml.get("error"):
+            return []
+        answered = {_short_pci(g.get("pci_bus_id")): not g.get("error")
+                    for g in nvml.get("gpus") or [] if g.get("pci_bus_id")}
+        notes = []
+        for pci in list(self.state.pending_resets):
+            notes += hs.step(self.state, hs.GpuAnswered(pci, answered.get(pci, False), now))
+        return notes
+
     # -- outputs --------------------------------------------------------------------------
 
     def _evidence_id(self, now: float, seq: int = -1) -> str:
@@ -273,7 +304,8 @@ class Agent:
 
     def _handle_notes(self, notes: list[dict]) -> None:
         for note in notes:
-            if note["event"] in ("raised", "cleared", "ack-refused", "reset-failed"):
+            if note["event"] in ("raised", "cleared", "ack-refused", "reset-reported",
+                                 "reset-failed"):
                 log.warning("%s", json.dumps(note, sort_keys=True))
             if note["event"] == "raised":
                 fault = self.state.faults.get(note["key"])

@@ -12,6 +12,13 @@ The rules (issue 33; why: ../../../../shared/research/health-anchors.md, section
   only on a new boot id, a GPU reset seen to succeed after the fault, or an admin's dated
   acknowledgement given after the fault (not in the future). A storm of one XID on one GPU is
   one fault with a count.
+- A GPU reset: NVIDIA's driver prints no kernel-log record for one (NVSentinel found the same:
+  NVIDIA/NVSentinel docs/designs/020-nvsentinel-gpu-reset.md, "there does not exist a
+  corresponding syslog entry"; its reset job writes "GPU reset executed: GPU-<uuid>, success:
+  true|false" itself). So a reset is reported (ResetReported, from that record in the kernel
+  log: only root can write /dev/kmsg) and then seen: the next check cycle finds the GPU
+  answering NVML again (GpuAnswered). Only then does it clear the GPU's edge faults seen
+  before the report (GpuReset); a GPU that does not answer is a failed reset.
 - Level faults (a check of verify's node phase that fails: ECC, pending remap, NVML init,
   driver/library mismatch, runtime config) clear after CLEAR_AFTER_PASSES consecutive passes;
   a skipped or crashed check neither heals nor hurts.
@@ -92,6 +99,8 @@ class State:
     xid_counts: dict[str, int] = dataclasses.field(default_factory=dict)  # "pci|xid" -> records
     cleared_total: dict[str, int] = dataclasses.field(default_factory=dict)  # by condition
     raised_total: dict[str, int] = dataclasses.field(default_factory=dict)
+    # pci -> when a reset of that GPU was reported; cleared when the GPU answers (or not)
+    pending_resets: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -161,6 +170,25 @@ class GpuReset:
 
 
 @dataclasses.dataclass(frozen=True)
+class ResetReported:
+    """A kernel-log record says this GPU was reset (ok) or that its reset failed."""
+
+    pci: str
+    at: float
+    ok: bool = True
+    seq: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuAnswered:
+    """A check cycle's view of a GPU with a reported reset: it answered NVML (ok) or not."""
+
+    pci: str
+    ok: bool
+    at: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Ack:
     """An admin's acknowledgement: the GPU (or the node, gpu None) was verified at `at`."""
 
@@ -225,6 +253,7 @@ def _on_started(state: State, event: Started) -> list[dict]:
         previous = state.boot_id
         state.boot_id = event.boot_id
         state.kmsg_seq = -1
+        state.pending_resets = {}  # the new boot reset every GPU anyway
         if previous:  # a reboot: edge faults of the old boot clear, unless escalated
             for key in [k for k, f in state.faults.items() if f.kind == EDGE and not f.escalated]:
                 notes.append(_clear(state, key, f"new boot {event.boot_id}"))
@@ -296,6 +325,27 @@ def _on_reset(state: State, event: GpuReset) -> list[dict]:
                         and f.last_seen <= event.at]]
 
 
+def _on_reset_reported(state: State, event: ResetReported) -> list[dict]:
+    if event.seq >= 0:
+        state.kmsg_seq = max(state.kmsg_seq, event.seq)
+    if not event.ok:
+        state.pending_resets.pop(event.pci, None)
+        return [_note("reset-failed", None, gpu=event.pci, why="reported failed")]
+    state.pending_resets[event.pci] = event.at
+    return [_note("reset-reported", None, gpu=event.pci)]
+
+
+def _on_answered(state: State, event: GpuAnswered) -> list[dict]:
+    reported = state.pending_resets.pop(event.pci, None)
+    if reported is None:
+        return []
+    if not event.ok:
+        return [_note("reset-failed", None, gpu=event.pci,
+                      why="the GPU did not answer NVML after its reported reset")]
+    # Faults seen up to the report clear; one seen after it (before this cycle) stays.
+    return _on_reset(state, GpuReset(event.pci, reported))
+
+
 def _on_ack(state: State, event: Ack) -> list[dict]:
     if event.id in state.acks_applied:
         return []
@@ -318,6 +368,7 @@ def _on_ack(state: State, event: Ack) -> list[dict]:
 
 _HANDLERS: dict[type, Any] = {Started: _on_started, XidSeen: _on_xid, FallenOffBus: _on_fallen,
                               CheckResult: _on_check, CycleDone: _on_cycle, GpuReset: _on_reset,
+                              ResetReported: _on_reset_reported, GpuAnswered: _on_answered,
                               Ack: _on_ack}
 
 
