@@ -101,6 +101,12 @@ def test_xid_from_the_kernel_log_to_the_condition_restart_keeps_it_ack_clears(tm
                           and c["status"] == "True" and c, "GPUFault True")
         assert raised["reason"] == "XID79"
         assert rep["nvml"]["gpus"][0]["uuid"] in raised["message"]
+        # Every fault in full, beside the condition's message (which has 1024 characters).
+        annotations = Client({"server": emu.url}, "gpu-pascal").get_node()["metadata"][
+            "annotations"]
+        [record] = json.loads(annotations[hs.FAULTS_ANNOTATION])
+        assert (record["reason"], record["gpu"], record["uuid"], record["index"]) == \
+            ("XID79", pci, rep["nvml"]["gpus"][0]["uuid"], 0)
         assert raised["lastTransitionTime"] >= before["lastTransitionTime"]
         others = [node_condition(emu.url, n) for n in ("gpu-kepler", "gpu-hopper")]
         assert others == [None, None]
@@ -130,6 +136,8 @@ def test_xid_from_the_kernel_log_to_the_condition_restart_keeps_it_ack_clears(tm
             "application/merge-patch+json")
         wait_for(lambda: node_condition(emu.url, "gpu-pascal")["status"] == "False",
                  "GPUFault False after the ack")
+        wait_for(lambda: Client({"server": emu.url}, "gpu-pascal").get_node()["metadata"][
+            "annotations"][hs.FAULTS_ANNOTATION] == "[]", "no fault in the annotation")
         again.stop()
         thread.join(5)
     families = {f.name: f for f in text_string_to_metric_families(
@@ -165,10 +173,16 @@ def test_remove_conditions_takes_only_its_own(tmp_path):
         agent = make_agent(tmp_path, emu.url)
         agent.start()
         agent.run_cycle()
-        Client({"server": emu.url}, "gpu-pascal").delete_conditions(list(hs.CONDITION_TYPES))
-        kinds = {c["type"] for c in Client({"server": emu.url}, "gpu-pascal")
-                 .get_node()["status"]["conditions"]}
+        client = Client({"server": emu.url}, "gpu-pascal")
+        assert hs.FAULTS_ANNOTATION in client.get_node()["metadata"]["annotations"]
+        client.delete_conditions(list(hs.CONDITION_TYPES))
+        client.patch_annotation(hs.FAULTS_ANNOTATION, None)
+        node = client.get_node()
+        kinds = {c["type"] for c in node["status"]["conditions"]}
         assert not any(k.startswith(hs.PREFIX) for k in kinds) and "Ready" in kinds
+        assert hs.FAULTS_ANNOTATION not in (node["metadata"].get("annotations") or {})
+    with pytest.raises(ValueError):
+        Client({"server": "http://127.0.0.1:1"}, "x").patch_annotation("other.io/x", "1")
     with pytest.raises(ValueError):
         Client({"server": "http://127.0.0.1:1"}, "x").patch_conditions([{"type": "Ready"}])
 

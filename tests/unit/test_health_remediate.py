@@ -190,3 +190,17 @@ def test_status_line_shows_the_nodes_health():
     assert line.startswith(", health GPUFault, cordoned by admin (gpuprov.io/GPUFault XID79")
     assert status._health_line(fleet.node_health(node("a"))) == ", health ok"
     assert status._health_line(None) == ""
+
+
+def test_show_json_lists_every_fault_from_the_agents_annotation():
+    s = hs.State()
+    hs.step(s, hs.Started("b", 0))
+    for gpu in range(3):
+        hs.step(s, hs.XidSeen(f"0000:0{gpu}:00", 79, "fallen off the bus", 10 + gpu))
+    faulty = node("gpu-1", fault=True)
+    faulty["metadata"]["annotations"][hs.FAULTS_ANNOTATION] = json.dumps(hs.fault_records(s))
+    doc = fleet.node_health(faulty).to_json()
+    assert [(f["reason"], f["gpu"]) for f in doc["faults"]] == [
+        ("XID79", "0000:00:00"), ("XID79", "0000:01:00"), ("XID79", "0000:02:00")]
+    faulty["metadata"]["annotations"][hs.FAULTS_ANNOTATION] = "not json"
+    assert fleet.node_health(faulty).to_json()["faults"] == []

@@ -4,6 +4,7 @@ clearing rule, escalation, conditions; with property tests over orders of events
 from __future__ import annotations
 
 import json
+import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -325,3 +326,79 @@ def test_escalated_faults_clear_on_ack_only(script):
                 assert item[0] == "ack"
                 escalated.discard(note["key"])
         escalated |= {k for k, f in s.faults.items() if f.escalated}
+
+
+# -- the condition message's 1024 characters -------------------------------------------------
+
+
+def _many(s: hs.State, gpus: int, xids=(79, 48, 95, 63)) -> None:
+    for g in range(gpus):
+        pci = f"0000:{g + 0x10:02x}:00"
+        s.uuids[pci] = f"GPU-{g:08d}-aaaa-bbbb-cccc-dddddddddddd"
+        for i, xid in enumerate(xids):
+            hs.step(s, hs.XidSeen(pci, xid, "a long driver message " * 4, 200 + g + i,
+                                  evidence=f"ev-{g}-{xid}"))
+
+
+def _accounted(message: str, faults: list[hs.Fault]) -> tuple[int, int]:
+    """(faults shown in full, the N of "and N more")."""
+    full = message.count("; evidence ")
+    found = re.search(r"(?:^| \| )and (\d+) more: ", message)
+    more = int(found.group(1)) if found else 0
+    return full, more
+
+
+def test_every_fault_is_counted_within_the_cap_most_severe_first():
+    s = fresh("b1", 0)
+    _many(s, 8)
+    for boot in ("b2", "b3"):  # the same XID 79 on GPU 7 in three boots: escalated
+        hs.step(s, hs.Started(boot, 1000))
+        hs.step(s, hs.XidSeen("0000:17:00", 79, "again", 1001, evidence=f"ev-{boot}"))
+    (gpu,) = [c for c in hs.conditions(s, 2000, {}) if c["type"] == hs.GPU_FAULT]
+    faults = [f for f in s.faults.values() if f.condition == hs.GPU_FAULT]
+    assert len(gpu["message"]) <= hs.MAX_MESSAGE
+    assert gpu["message"].startswith("XID79 [ESCALATED]")
+    full, more = _accounted(gpu["message"], faults)
+    assert full >= 1 and full + more == len(faults) == 1  # a new boot cleared the others
+    _many(s, 8)
+    faults = [f for f in s.faults.values() if f.condition == hs.GPU_FAULT]
+    index = {f"0000:{g + 0x10:02x}:00": g for g in range(8)}  # as NVML numbers them
+    (gpu,) = [c for c in hs.conditions(s, 3000, index) if c["type"] == hs.GPU_FAULT]
+    full, more = _accounted(gpu["message"], faults)
+    assert len(gpu["message"]) <= hs.MAX_MESSAGE and full + more == len(faults) == 32
+    assert gpu["message"].startswith("XID79 [ESCALATED]") and full >= 1 and more > 0
+    for fault in faults:  # each one in full or by reason and GPU in the tail
+        assert fault.evidence in gpu["message"] or \
+            f"{fault.reason} GPU {index[fault.gpu]}" in gpu["message"], fault.key
+    assert hs.FAULTS_ANNOTATION in gpu["message"]
+    records = hs.fault_records(s)
+    assert len(records) == 32 and records[0]["escalated"] is True
+
+
+def test_too_many_for_names_are_counted_by_reason():
+    s = fresh("b1", 0)
+    _many(s, 120, xids=(79, 48))
+    (gpu,) = [c for c in hs.conditions(s, 3000, {}) if c["type"] == hs.GPU_FAULT]
+    full, more = _accounted(gpu["message"], [])
+    assert len(gpu["message"]) <= hs.MAX_MESSAGE and full + more == 240
+    rest = re.split(r"and \d+ more: ", gpu["message"], maxsplit=1)[1]
+    counted = sum(int(part.split(" on ")[1].split()[0]) if " on " in part else 1
+                  for part in rest.split(" (all of them")[0].split(", "))
+    assert counted == more
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.sampled_from((79, 48, 95, 94, 63)),
+                          st.integers(1, 400)), max_size=120))
+def test_the_message_fits_and_counts_every_fault(xids):
+    s = fresh("b1", 0)
+    for gpu, xid, length in xids:
+        hs.step(s, hs.XidSeen(f"0000:{gpu:02x}:00", xid, "m" * length, 200,
+                              evidence=f"e{gpu}-{xid}"))
+    faults = [f for f in s.faults.values() if f.condition == hs.GPU_FAULT]
+    for c in hs.conditions(s, 1000, {}):
+        if c["type"] == hs.GPU_FAULT and faults:
+            assert len(c["message"]) <= hs.MAX_MESSAGE
+            full = sum(1 for f in faults if f"; evidence {f.evidence};" in c["message"])
+            more = _accounted(c["message"], faults)[1]
+            assert full + more == len(faults)

@@ -14,7 +14,7 @@ every `heartbeat_s`), writes evidence for each new fault and the metrics file (a
 second: a storm of XID records costs one write per second, not one per record).
 
 Files under state_dir (/var/lib/gpuprov/health): state.json (the State, see state.py),
-conditions.json (what was last published, for `gpuprov health show` and nodes without an
+conditions.json (what was last published, with every fault in full, for nodes without an
 API), evidence.jsonl (+ .1, .2 ... rotated at evidence_max_bytes).
 """
 
@@ -150,6 +150,7 @@ class Agent:
         self.last_report: Mapping[str, Any] = {}
         self.check_status: dict[str, str] = {}
         self.published: list[dict] | None = None
+        self.published_faults: str | None = None  # FAULTS_ANNOTATION's value, as last written
         self.published_at = 0.0
         self.last_cycle = 0.0
         self.metrics_at = 0.0
@@ -336,13 +337,20 @@ class Agent:
             return
         _write_atomic(os.path.join(self.config.state_dir, "conditions.json"),
                       json.dumps({"node": self.config.node_name, "time": now,
-                                  "conditions": conditions}, sort_keys=True))
+                                  "conditions": conditions,
+                                  "faults": hs.fault_records(self.state, self._gpu_index())},
+                                 sort_keys=True))
         if self.client is not None:
             body = [{"type": c["type"], "status": c["status"], "reason": c["reason"],
                      "message": c["message"], "lastHeartbeatTime": _iso(now),
                      "lastTransitionTime": _iso(c["since"])} for c in conditions]
+            faults = json.dumps(hs.fault_records(self.state, self._gpu_index()),
+                                sort_keys=True, separators=(",", ":"))
             try:
                 self.client.patch_conditions(body)
+                if faults != self.published_faults:
+                    self.client.patch_annotation(hs.FAULTS_ANNOTATION, faults)
+                    self.published_faults = faults
             except KubeError as exc:
                 log.warning("cannot publish conditions: %s", exc)
                 return  # published stays stale: the next batch or cycle tries again
@@ -453,7 +461,9 @@ def main(argv: list[str] | None, evaluate: Evaluate) -> int:
         if not config.kube:
             return 0
         try:
-            Client(config.kube, config.node_name).delete_conditions(list(hs.CONDITION_TYPES))
+            client = Client(config.kube, config.node_name)
+            client.delete_conditions(list(hs.CONDITION_TYPES))
+            client.patch_annotation(hs.FAULTS_ANNOTATION, None)
         except KubeError as exc:
             print(f"gpuprov-health: error: {exc}", file=sys.stderr)
             return 1

@@ -60,7 +60,10 @@ CHECK_CONDITIONS = {
 CLEAR_AFTER_PASSES = 3
 HISTORY_WINDOW_S = 7 * 24 * 3600  # escalation looks at boots within a week (NVSentinel's window)
 ACK_SKEW_S = 300  # an ack dated this far ahead of the node's clock is still "now"
-MAX_MESSAGE = 1024
+MAX_MESSAGE = 1024  # a condition's message; the full list is FAULTS_ANNOTATION's
+# The agent's full list of faults on its own Node (fault_records), for when a condition's
+# message has to shorten some of them.
+FAULTS_ANNOTATION = PREFIX + "health-faults"
 
 EDGE, LEVEL = "edge", "level"
 
@@ -383,22 +386,79 @@ def step(state: State, event: Any) -> list[dict]:
 # -- what the node shows -----------------------------------------------------------------
 
 
+def _where(fault: Fault, uuids: dict[str, str], gpu_index: dict[str, int]) -> tuple[str, str]:
+    """(long, short) names of the fault's GPU: "GPU 2 (GPU-..., 0000:3b:00)", "GPU 2"."""
+    if not fault.gpu:
+        return "", ""
+    index = gpu_index.get(fault.gpu)
+    short = f"GPU {index}" if index is not None else f"GPU {fault.gpu}"
+    uuid = uuids.get(fault.gpu)
+    return (f"GPU {index if index is not None else '?'} "
+            f"({', '.join(x for x in (uuid, fault.gpu) if x)})"), short
+
+
+def severity(fault: Fault) -> tuple:
+    """Most severe first: escalated (a person must look), then edge faults (a GPU event that
+    never goes away by itself), then level faults; the oldest first within each."""
+    return (not fault.escalated, fault.kind != EDGE, fault.first_seen, fault.key)
+
+
 def _message(faults: list[Fault], uuids: dict[str, str], gpu_index: dict[str, int]) -> str:
-    parts = []
+    """Every fault of one condition, most severe first, in at most MAX_MESSAGE characters:
+    each in full while they fit, then the rest by reason and GPU ("and 3 more: XID48 GPU 5,
+    ..."), or by reason with counts where even that does not fit. Nothing is left out
+    unsaid; the full record of each is in the Node's FAULTS_ANNOTATION and evidence."""
+    full = []
     for fault in faults:
-        where = ""
-        if fault.gpu:
-            index = gpu_index.get(fault.gpu)
-            uuid = uuids.get(fault.gpu)
-            where = (f"GPU {index if index is not None else '?'} "
-                     f"({', '.join(x for x in (uuid, fault.gpu) if x)}): ")
+        where = _where(fault, uuids, gpu_index)[0]
         times = f" x{fault.count}" if fault.count > 1 else ""
         evidence = f"; evidence {fault.evidence}" if fault.evidence else ""
         action = f"; action: {fault.action}" if fault.action else ""
         escalated = " [ESCALATED]" if fault.escalated else ""
-        parts.append(f"{fault.reason}{escalated}: {where}{fault.summary}{times}{evidence}{action}")
-    text = " | ".join(parts)
-    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 3] + "..."
+        full.append(f"{fault.reason}{escalated}: {where + ': ' if where else ''}"
+                    f"{fault.summary}{times}{evidence}{action}")
+    text = " | ".join(full)
+    if len(text) <= MAX_MESSAGE:
+        return text
+    # Shown in full: as many of the most severe as leave room for the rest named by reason and
+    # GPU (every fault's GPU named beats one more in full); else by reason with counts.
+    for by_gpu in (True, False):
+        for shown in range(len(faults) - 1, -1, -1):
+            head = " | ".join(full[:shown])
+            tail = _tail(faults[shown:], uuids, gpu_index, by_gpu)
+            candidate = f"{head} | {tail}" if head else tail
+            if len(candidate) <= MAX_MESSAGE:
+                return candidate
+    return _tail(faults, uuids, gpu_index, False)[:MAX_MESSAGE]
+
+
+def _tail(rest: list[Fault], uuids: dict[str, str], gpu_index: dict[str, int],
+          by_gpu: bool) -> str:
+    if by_gpu:
+        names = [f"{f.reason}{' [ESCALATED]' if f.escalated else ''}"
+                 f"{' ' + _where(f, uuids, gpu_index)[1] if f.gpu else ''}"
+                 f"{' x' + str(f.count) if f.count > 1 else ''}" for f in rest]
+    else:
+        counts: dict[str, int] = {}
+        for f in rest:
+            counts[f.reason] = counts.get(f.reason, 0) + 1
+        names = [f"{reason} on {n} GPU(s)" if n > 1 else reason for reason, n in counts.items()]
+    return (f"and {len(rest)} more: {', '.join(names)} (all of them: the Node's "
+            f"{FAULTS_ANNOTATION} annotation)")
+
+
+def fault_records(state: State, gpu_index: dict[str, int] | None = None) -> list[dict]:
+    """Every fault, most severe first, as the FAULTS_ANNOTATION lists them."""
+    out = []
+    for fault in sorted(state.faults.values(), key=lambda f: (f.condition, severity(f))):
+        record = {"condition": fault.condition, "reason": fault.reason, "gpu": fault.gpu,
+                  "uuid": state.uuids.get(fault.gpu, ""), "index": (gpu_index or {}).get(
+                      fault.gpu), "summary": fault.summary, "count": fault.count,
+                  "first_seen": fault.first_seen, "last_seen": fault.last_seen,
+                  "evidence": fault.evidence, "action": fault.action,
+                  "escalated": fault.escalated}
+        out.append({k: v for k, v in record.items() if v not in ("", None)})
+    return out
 
 
 def conditions(state: State, now: float, gpu_index: dict[str, int] | None = None) -> list[dict]:
@@ -407,7 +467,7 @@ def conditions(state: State, now: float, gpu_index: dict[str, int] | None = None
     out = []
     for ctype in CONDITION_TYPES:
         faults = sorted((f for f in state.faults.values() if f.condition == ctype),
-                        key=lambda f: (not f.escalated, f.first_seen, f.key))
+                        key=severity)
         if faults:
             status, reason = "True", faults[0].reason
             message = _message(faults, state.uuids, gpu_index or {})
