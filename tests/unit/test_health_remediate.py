@@ -12,7 +12,7 @@ from gpuprov import cordon as cordon_module
 from gpuprov.cli import main
 from gpuprov.errors import GpuprovError
 from gpuprov.health import fleet, remediate
-from gpuprov.lab.kube.testing import running_emulator, write_kubeconfig
+from gpuprov.lab.kube.testing import agent_conditions, running_emulator, write_kubeconfig
 from gpuprov.node.health import state as hs
 from gpuprov.node.health.kube import Client
 
@@ -107,16 +107,7 @@ def test_plugin_restart_once_an_hour_never_on_a_fault_or_without_the_agent():
 
 
 def publish(url: str, name: str, fault: bool) -> None:
-    s = hs.State()
-    hs.step(s, hs.Started("b", 1))
-    hs.step(s, hs.CycleDone(2))
-    if fault:
-        hs.step(s, hs.XidSeen("0000:3b:00", 79, "GPU has fallen off the bus.", 3,
-                              evidence="ev-b-1"))
-    body = [{"type": c["type"], "status": c["status"], "reason": c["reason"],
-             "message": c["message"], "lastTransitionTime": "2026-11-26T10:00:00Z",
-             "lastHeartbeatTime": "2026-11-26T10:00:00Z"} for c in hs.conditions(s, 4)]
-    Client({"server": url}, name).patch_conditions(body)
+    Client({"server": url}, name).patch_conditions(agent_conditions(fault))
 
 
 def test_show_remediate_ack_round_trip(tmp_path, capsys):
