@@ -25,7 +25,7 @@ from kubernetes import client
 
 from gpuprov.cli import main as gpuprov
 from gpuprov.lab.kube import app
-from gpuprov.node.health import state as hs
+from gpuprov.lab.kube.testing import agent_conditions
 from gpuprov.node.health.kube import Client
 
 
@@ -35,18 +35,6 @@ def node(name: str) -> dict:
                                                   "nvidia.com/gpu.present": "true"}},
             "status": {"capacity": resources, "allocatable": resources,
                        "conditions": [{"type": "Ready", "status": "True"}]}}
-
-
-def conditions(fault: bool) -> list[dict]:
-    s = hs.State()
-    hs.step(s, hs.Started("b", 1))
-    hs.step(s, hs.CycleDone(2))
-    if fault:
-        hs.step(s, hs.XidSeen("0000:3b:00", 79, "GPU has fallen off the bus.", 3,
-                              evidence="ev-b-1"))
-    return [{"type": c["type"], "status": c["status"], "reason": c["reason"],
-             "message": c["message"], "lastTransitionTime": "2026-11-26T10:00:00Z",
-             "lastHeartbeatTime": "2026-11-26T10:00:00Z"} for c in hs.conditions(s, 4)]
 
 
 def timed_show(kubeconfig: Path, runs: int = 5) -> tuple[float, float]:
@@ -82,7 +70,7 @@ def main() -> int:
                 def make(name: str) -> None:
                     core.create_node(node(name))
                     Client({"server": url}, name).patch_conditions(
-                        conditions(int(name[-4:]) % 20 == 0))
+                        agent_conditions(int(name[-4:]) % 20 == 0))
 
                 with ThreadPoolExecutor(8) as pool:
                     list(pool.map(make, names))

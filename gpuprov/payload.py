@@ -76,7 +76,12 @@ class PayloadImporter:
     def __init__(self, payload):
         self.sources = payload["sources"]
         # Bytecode only when it was compiled by a Python with this one's magic number.
-        self.code = payload["code"] if payload["magic"] == MAGIC_NUMBER else {{}}
+        # Taken out of the payload: what is not used for this Python is freed now, and each
+        # module's bytecode once it is loaded (get_code).
+        code = payload.pop("code")
+        self.code = code if payload["magic"] == MAGIC_NUMBER else {{}}
+        self.payload_id = payload.get("id")  # the sources' hash (an entry may cache bytecode)
+        self.prefix = PREFIX
 
     def _entry(self, fullname):
         base = fullname.replace(".", "/")
@@ -107,13 +112,14 @@ class PayloadImporter:
     def get_code(self, fullname):
         entry = self._entry(fullname)[0]
         if entry in self.code:
-            return marshal.loads(self.code[entry])
+            return marshal.loads(self.code.pop(entry))
         return compile(self.get_source(fullname), PREFIX + entry, "exec", dont_inherit=True)
 
 
 PAYLOAD = marshal.loads(zlib.decompress(binascii.a2b_base64(PAYLOAD)))
-sys.meta_path.insert(0, PayloadImporter(PAYLOAD))
-from {entry} import main
+IMPORTER = PayloadImporter(PAYLOAD)
+sys.meta_path.insert(0, IMPORTER)
+{prelude}from {entry} import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -146,6 +152,11 @@ class ProbeUnreachable(ProbeError):
 # gpu_health role installs its script as a file and runs it as a service).
 ENTRIES = {"probe": "gpuprov.node.probe.__main__", "mig-apply": "gpuprov.node.mig_apply",
            "health-agent": "gpuprov.verify.node_phase"}
+# What an entry runs before its first import: the long-running agent gets bytecode for the
+# node's Python from a cache it keeps (gpuprov/node/health/launch.py says why); the one-shot
+# probe and MIG applier write nothing on the node.
+PRELUDES = {"health-agent": "from gpuprov.node.health.launch import keep_bytecode\n"
+                            "keep_bytecode(IMPORTER, sys.argv[1:])\n"}
 
 # What the health agent needs beyond the node folder: verify's node phase (the same checks as
 # `gpuprov verify`, gpuprov/verify/node_phase.py) and what those import, and prometheus_client
@@ -249,7 +260,8 @@ def node_script(entry: str) -> bytes:
     """
     sources = {name: path.read_bytes() for name, path in payload_files(entry).items()}
     bootstrap = _BOOTSTRAP.format(min_python=MIN_PYTHON, min_text=".".join(map(str, MIN_PYTHON)),
-                                  prefix=PAYLOAD_PREFIX, entry=ENTRIES[entry])
+                                  prefix=PAYLOAD_PREFIX, entry=ENTRIES[entry],
+                                  prelude=PRELUDES.get(entry, ""))
     return _cached(entry, _build_key(sources, bootstrap), lambda: _build(sources, bootstrap))
 
 
@@ -260,8 +272,14 @@ def _build(sources: dict[str, bytes], bootstrap: str) -> bytes:
                                         dont_inherit=True, optimize=0), MARSHAL_VERSION)
             for name, source in sources.items()}
     # Dicts of str and bytes, readable by every Python 3; the code objects inside stay opaque
-    # bytes until their magic number has been checked.
-    packed = marshal.dumps({"sources": sources, "code": code,
+    # bytes until their magic number has been checked. "id" names the sources (the health
+    # agent's bytecode cache on the node is keyed by it and the node's magic number).
+    source_hash = hashlib.sha256()
+    for name in sorted(sources):
+        for part in (name.encode(), sources[name]):
+            source_hash.update(len(part).to_bytes(8, "big"))
+            source_hash.update(part)
+    packed = marshal.dumps({"sources": sources, "code": code, "id": source_hash.hexdigest(),
                             "magic": importlib.util.MAGIC_NUMBER}, MARSHAL_VERSION)
     # zlib's default level: level 9 saves 1 % of the size for 3x the time.
     encoded = base64.b64encode(zlib.compress(packed)).decode("ascii")

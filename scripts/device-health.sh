@@ -83,19 +83,44 @@ grep -E "^gpuprov_health_(check_status|condition|kmsg|last)" "$OUT/textfile/gpup
 ls -la "$OUT" "$OUT/state"
 
 echo "== where the agent's resident memory goes (one interpreter, step by step)"
+# pip installed /tmp/site with --no-compile: compile its bytecode first, so that the steps below
+# measure loading bytecode, as the agent does, not the compiler (whose arenas stay: +13 to 17 MiB).
+python3 -I -m compileall -q /tmp/site >/dev/null 2>&1
 python3 -I - <<'EOF2'
 import sys
 sys.path.insert(0, "/tmp/site")
+def status():
+    with open("/proc/self/status") as f:
+        return {k: int(v.split()[0]) / 1024 for k, _, v in
+                (line.partition(":") for line in f) if k.startswith(("VmRSS", "Rss"))}
 def rss():
-    with open("/proc/self/status") as status:
-        return int(status.read().split("VmRSS:")[1].split()[0]) / 1024
-print(f"python3 -I: {rss():.1f} MiB")
-import json, hashlib, logging, subprocess  # noqa: E401 what the agent imports from the stdlib
-print(f"+ stdlib modules: {rss():.1f} MiB")
+    s = status()
+    return (f"{s['VmRSS']:.1f} MiB (anon {s['RssAnon']:.1f}, file {s['RssFile']:.1f}, "
+            f"shmem {s['RssShmem']:.1f})")
+print(f"python3 -I: {rss()}")
+import json, hashlib, logging, ssl, subprocess, urllib.request  # noqa: E401 the agent's stdlib
+print(f"+ stdlib modules (ssl included: the agent's API client): {rss()}")
 import pynvml
-print(f"+ import pynvml: {rss():.1f} MiB")
+print(f"+ import pynvml (bytecode): {rss()}")
+def mappings():
+    out, name = {}, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                name = head[5] if len(head) > 5 else "[anon]"
+            elif head[0] == "Rss:":
+                out[name] = out.get(name, 0) + int(head[1])
+    return out
+before = mappings()
 pynvml.nvmlInit()
-print(f"+ nvmlInit (libnvidia-ml loaded): {rss():.1f} MiB")
+print(f"+ nvmlInit (libnvidia-ml loaded): {rss()}")
+after = mappings()
+grown = sorted(((after[k] - before.get(k, 0), k) for k in after), reverse=True)[:8]
+print("  nvmlInit's growth by mapping (KiB): "
+      + ", ".join(f"{k} +{v}" for v, k in grown if v > 0))
+pynvml.nvmlShutdown()
+print(f"+ nvmlShutdown (the agent's state between cycles): {rss()}")
 import prometheus_client  # noqa: F401
-print(f"+ import prometheus_client: {rss():.1f} MiB")
+print(f"+ import prometheus_client: {rss()}")
 EOF2

@@ -9,11 +9,18 @@ Pure functions over Node objects (JSON dicts, as the API serves them): `gpuprov 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuprov import cordon as cordon_module
-from gpuprov.node.health.state import CONDITION_TYPES, DRIVER_PROBLEM, GPU_FAULT, PREFIX
+from gpuprov.node.health.state import (
+    CONDITION_TYPES,
+    DRIVER_PROBLEM,
+    FAULTS_ANNOTATION,
+    GPU_FAULT,
+    PREFIX,
+)
 
 SCHEMA_VERSION = 1
 # The agent reads it (gpuprov/node/health/agent.py ACK_ANNOTATION); `gpuprov health ack` writes.
@@ -41,6 +48,8 @@ class NodeHealth:
     gpu_node: bool
     plugin_restarted_at: float | None
     holders: tuple = ()  # other gpuprov owners holding the node (cordon.holders)
+    # every fault in full, from the agent's annotation (a condition's message may shorten some)
+    faults: tuple = ()
 
     @property
     def problems(self) -> list[dict]:
@@ -76,7 +85,8 @@ class NodeHealth:
                                if t in self.conditions],
                 "unschedulable": self.unschedulable, "cordoned_by": self.cordoned_by,
                 "gpuprov_cordon": self.cordon, "gpus": {"capacity": self.capacity_gpus,
-                                                         "allocatable": self.allocatable_gpus}}
+                                                         "allocatable": self.allocatable_gpus},
+                "faults": list(self.faults)}
 
 
 def _int(value: Any) -> int:
@@ -97,6 +107,14 @@ def _record(node: Mapping[str, Any]) -> dict | None:
             "failed": annotations.get(names.failed)}
 
 
+def _faults(annotations: Mapping[str, Any]) -> tuple:
+    try:
+        faults = json.loads(annotations.get(FAULTS_ANNOTATION) or "[]")
+    except ValueError:
+        return ()
+    return tuple(f for f in faults if isinstance(f, dict)) if isinstance(faults, list) else ()
+
+
 def node_health(node: Mapping[str, Any]) -> NodeHealth:
     meta, spec, status = (node.get("metadata") or {}), (node.get("spec") or {}), (
         node.get("status") or {})
@@ -115,7 +133,8 @@ def node_health(node: Mapping[str, Any]) -> NodeHealth:
         gpu_node=bool(capacity or conditions or labels.get("nvidia.com/gpu.present") == "true"),
         plugin_restarted_at=float(restarted) if restarted and restarted.replace(
             ".", "", 1).isdigit() else None,
-        holders=tuple(h for h in cordon_module.holders(node) if h != OWNER))
+        holders=tuple(h for h in cordon_module.holders(node) if h != OWNER),
+        faults=_faults(annotations))
 
 
 def fleet(nodes: Iterable[Mapping[str, Any]]) -> list[NodeHealth]:

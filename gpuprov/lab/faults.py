@@ -129,6 +129,14 @@ FAULTS: dict[str, Fault] = {
             per_gpu=True, layer="kmsg",
         ),
         Fault(
+            "gpu-reset",
+            "one GPU was reset and came back: the kernel log gets the record a reset tool "
+            "writes (\"GPU reset executed: GPU-..., success: true\"; the driver prints none) "
+            "and the GPU's gpu-lost and row-remap-pending faults go; its XID records stay. "
+            "Set it again for another reset after a new fault (clear it first)",
+            per_gpu=True, layer="kmsg",
+        ),
+        Fault(
             "fallen-off-bus",
             "the kernel log has the driver's \"GPU ... has fallen off the bus\" line for one "
             "GPU, with no XID line beside it (older drivers, gpud PR 1209)",

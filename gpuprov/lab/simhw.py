@@ -71,7 +71,19 @@ XID_MESSAGES = {
     "xid-storm": ("NVRM: Xid (PCI:{pci}): 95, pid=7062, Uncontained: LTC TAG (0x2, 0x1). "
                   "RST: Yes, D-RST: No", 5000),
     "fallen-off-bus": ("NVRM: GPU {bdf}: GPU has fallen off the bus.", 1),
+    # Not the driver's: the record a reset tool writes after a GPU reset (the driver prints
+    # none; the wording is NVSentinel's gpu-reset/gpu_reset.sh, see gpuprov/node/health/kmsg.py
+    # RESET_EXECUTED), written to /dev/kmsg from user space, so with the user facility.
+    "gpu-reset": ("GPU reset executed: {uuid}, success: true", 1),
 }
+# Records user space writes to /dev/kmsg: facility LOG_USER (1 << 3) with the default level 4,
+# as the kernel numbers a record written without a "<N>" prefix (Documentation/ABI/testing/
+# dev-kmsg); the driver's records are the kernel's, facility 0, level 3 (KERN_ERR).
+USER_RECORDS = {"gpu-reset"}
+# What the simulated GPU's reset takes away: it re-initialises the GPU, so one that had fallen
+# off the bus answers again and a pending row remap is applied (NVIDIA's "reset the GPU" for
+# both); its ECC counts and the kernel log's XID records stay (the log keeps what it printed).
+RESET_CLEARS = ("gpu-lost", "row-remap-pending")
 # Sequence numbers the node's kernel log has handed out: {"next": n, "records": {"name idx":
 # first seq}}, so that a record keeps its seq when the file is rewritten and a new one always
 # gets a higher seq, as /dev/kmsg numbers records (a follower dedupes by seq).
@@ -332,14 +344,18 @@ def _write_in_place(path: Path, text: str) -> None:
 
 
 def _write_kernel_log(node_dir: Path, entries: list[tuple[str, int | None]]) -> None:
-    bus_ids = [line.split("=", 1)[1].strip()
-               for line in (node_dir / SIM_DIR / NVML_CONF).read_text().splitlines()
-               if line.startswith("pci_bus_id")]
+    conf = (node_dir / SIM_DIR / NVML_CONF).read_text().splitlines()
+    bus_ids = [line.split("=", 1)[1].strip() for line in conf if line.startswith("pci_bus_id")]
+    uuids = [line.split("=", 1)[1].strip() for line in conf if line.startswith("uuid")]
     seq_path = node_dir / KMSG_SEQ_FILE
     try:
         seqs = json.loads(seq_path.read_text())
     except (FileNotFoundError, ValueError):
         seqs = {"next": 1, "records": {}}
+    # A record whose fault was switched off leaves the file; switched on again it is a new
+    # record with a new, higher seq (a second XID, a second reset), as the kernel numbers them.
+    active = {f"{name} {idx}" for name, idx in entries}
+    seqs["records"] = {k: v for k, v in seqs["records"].items() if k in active}
     records = []
     for name, idx in entries:
         if name not in XID_MESSAGES:
@@ -353,8 +369,10 @@ def _write_kernel_log(node_dir: Path, entries: list[tuple[str, int | None]]) -> 
         # NVML's "00000000:3B:00.0" -> the kernel's "0000:3b:00".
         domain, bus, dev_fn = bus_ids[idx or 0].lower().split(":")
         pci = f"{domain[-4:]}:{bus}:{dev_fn.split('.')[0]}"
-        message = text.format(pci=pci, bdf=f"{pci}.{dev_fn.split('.')[1]}")
-        records += [(seq, f"3,{seq},{seq * 1000},-;{message}\n")
+        message = text.format(pci=pci, bdf=f"{pci}.{dev_fn.split('.')[1]}",
+                              uuid=uuids[idx or 0])
+        prio = 12 if name in USER_RECORDS else 3
+        records += [(seq, f"{prio},{seq},{seq * 1000},-;{message}\n")
                     for seq in range(first, first + count)]
     _write_atomic(seq_path, json.dumps(seqs, sort_keys=True))
     _write_in_place(node_dir / KMSG_FILE,
@@ -382,6 +400,11 @@ def set_fault(node_dir: Path, fault: str, gpu_index: int | None = None) -> None:
             raise GpuprovError(f"fault {fault!r} hits the whole node: leave out the GPU index")
         entry = (fault, None)
     entries = _read_faults(sim)
+    if fault == "gpu-reset":
+        kept = [e for e in entries if not (e[0] in RESET_CLEARS and e[1] == entry[1])]
+        if kept != entries or entry not in entries:
+            _write_faults(sim, [*(e for e in kept if e != entry), entry])
+        return
     if entry not in entries:
         _write_faults(sim, [*entries, entry])
 

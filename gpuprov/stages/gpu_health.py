@@ -5,6 +5,8 @@
     agent_config(node, settings, access, hostvars)
                                           /etc/gpuprov/health.json (gpuprov/node/health/agent.py)
     agent_script()                        the agent's payload script (gpuprov/payload.py)
+    remediate_check(settings)             the remediation service's settings, checked
+    remediate_exec(settings, credential)  its unit's ExecStart line (systemd-quoted)
 
 The agent publishes with the kubelet's identity: the role reads the node's kubelet kubeconfig
 (YAML, which a bare node cannot parse) on the controller and hands the agent what it points
@@ -17,6 +19,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import posixpath
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -128,3 +131,94 @@ def agent_script() -> str:
     from gpuprov import payload
 
     return payload.node_script("health-agent").decode("ascii")
+
+
+# -- `gpuprov health remediate` as a service on a management host ------------------------------
+
+REMEDIATE_SETTINGS = ("gpu_health_remediate_enabled", "gpu_health_remediate_command",
+                      "gpu_health_remediate_kubeconfig", "gpu_health_remediate_context",
+                      "gpu_health_remediate_interval", "gpu_health_remediate_max_unavailable",
+                      "gpu_health_remediate_taint", "gpu_health_remediate_drain",
+                      "gpu_health_remediate_plugin_namespace")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def remediate_check(settings: Mapping[str, Any]) -> dict:
+    """The remediation service's settings, checked before the first change (ValueError names
+    the setting and what to give)."""
+    from gpuprov.errors import GpuprovError
+    from gpuprov.health import remediate
+
+    unknown = sorted(set(settings) - set(REMEDIATE_SETTINGS))
+    if unknown:
+        raise ValueError(f"unknown setting(s) {', '.join(unknown)}")
+    for key in ("gpu_health_remediate_enabled", "gpu_health_remediate_taint",
+                "gpu_health_remediate_drain"):
+        if not isinstance(settings.get(key), bool):
+            raise ValueError(f"{key} must be true or false, not {settings.get(key)!r}")
+    if not settings["gpu_health_remediate_enabled"]:
+        return dict(settings)
+    for key in ("gpu_health_remediate_command", "gpu_health_remediate_kubeconfig"):
+        if not posixpath.isabs(str(settings.get(key) or "")):
+            raise ValueError(f"{key} must be an absolute path on the management host, not "
+                             f"{settings.get(key)!r}")
+    interval = settings.get("gpu_health_remediate_interval")
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 5:
+        raise ValueError("gpu_health_remediate_interval must be a number of seconds >= 5 (each "
+                         f"round lists every node), not {interval!r}")
+    limit = settings.get("gpu_health_remediate_max_unavailable")
+    if limit is not None:
+        try:
+            remediate.limit(str(limit), 10)
+        except GpuprovError:
+            raise ValueError("gpu_health_remediate_max_unavailable must be a node count (3) or a "
+                             f"percentage of the GPU nodes (10%), or null, not {limit!r}") from None
+    namespace = settings.get("gpu_health_remediate_plugin_namespace")
+    if not isinstance(namespace, str) or not _DNS_LABEL.match(namespace):
+        raise ValueError("gpu_health_remediate_plugin_namespace must be a namespace name, not "
+                         f"{namespace!r}")
+    context = settings.get("gpu_health_remediate_context")
+    if context is not None and (not isinstance(context, str) or not context.strip()):
+        raise ValueError(f"gpu_health_remediate_context must be a context name or null, not "
+                         f"{context!r}")
+    return dict(settings)
+
+
+def remediate_kubeconfig_check(kubeconfig_text: str, path: str) -> None:
+    """The service runs as a dynamic user that gets the kubeconfig, and nothing else, as a
+    systemd credential: it must carry its credentials inline (certificate data or a token),
+    not name other files or a plugin to run."""
+    access = kube_access(kubeconfig_text, path)
+    named = sorted(k for k in ("ca_file", "cert_file", "key_file", "token_file") if k in access)
+    if named:
+        raise ValueError(f"{path}: the kubeconfig names other files ({', '.join(named)}), which "
+                         "the remediation service cannot read: give one with the data inline "
+                         "(certificate-authority-data, client-certificate-data, client-key-data "
+                         "or token), e.g. `kubectl config view --raw --flatten --minify`")
+
+
+def systemd_quote(word: str) -> str:
+    """One ExecStart word as systemd reads it back (systemd.service(5), "Command lines" and
+    systemd.unit(5) specifiers): % and $ doubled (a literal, not a specifier or variable),
+    quoted where it has spaces, quotes, backslashes or a semicolon."""
+    text = word.replace("%", "%%").replace("$", "$$")
+    if any(c in text for c in " \t\"'\\;") or not text:
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
+
+
+def remediate_exec(settings: Mapping[str, Any], credential: str = "kubeconfig") -> str:
+    """The unit's ExecStart: remediate in a loop, its kubeconfig from the service's credential
+    directory (LoadCredential), every option from the settings."""
+    argv = [settings["gpu_health_remediate_command"], "health", "remediate",
+            "--interval", f"{settings['gpu_health_remediate_interval']:g}",
+            "--plugin-namespace", settings["gpu_health_remediate_plugin_namespace"]]
+    if settings.get("gpu_health_remediate_context"):
+        argv += ["--context", settings["gpu_health_remediate_context"]]
+    if settings.get("gpu_health_remediate_max_unavailable") is not None:
+        argv += ["--max-unavailable", str(settings["gpu_health_remediate_max_unavailable"])]
+    argv += ["--taint"] * bool(settings.get("gpu_health_remediate_taint"))
+    argv += ["--drain"] * bool(settings.get("gpu_health_remediate_drain"))
+    # ${CREDENTIALS_DIRECTORY} is systemd's, expanded when the service starts: not quoted away.
+    return " ".join([*(systemd_quote(w) for w in argv), "--kubeconfig",
+                     "${CREDENTIALS_DIRECTORY}/" + credential])

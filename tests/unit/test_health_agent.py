@@ -127,6 +127,12 @@ def test_xid_from_the_kernel_log_to_the_condition_restart_keeps_it_ack_clears(tm
                           and c["status"] == "True" and c, "GPUFault True")
         assert raised["reason"] == "XID79"
         assert rep["nvml"]["gpus"][0]["uuid"] in raised["message"]
+        # Every fault in full, beside the condition's message (which has 1024 characters).
+        annotations = Client({"server": emu.url}, "gpu-pascal").get_node()["metadata"][
+            "annotations"]
+        [record] = json.loads(annotations[hs.FAULTS_ANNOTATION])
+        assert (record["reason"], record["gpu"], record["uuid"], record["index"]) == \
+            ("XID79", pci, rep["nvml"]["gpus"][0]["uuid"], 0)
         assert raised["lastTransitionTime"] >= before["lastTransitionTime"]
         others = [node_condition(emu.url, n) for n in ("gpu-kepler", "gpu-hopper")]
         assert others == [None, None]
@@ -156,6 +162,8 @@ def test_xid_from_the_kernel_log_to_the_condition_restart_keeps_it_ack_clears(tm
             "application/merge-patch+json")
         wait_for(lambda: node_condition(emu.url, "gpu-pascal")["status"] == "False",
                  "GPUFault False after the ack")
+        wait_for(lambda: Client({"server": emu.url}, "gpu-pascal").get_node()["metadata"][
+            "annotations"][hs.FAULTS_ANNOTATION] == "[]", "no fault in the annotation")
         again.stop()
         thread.join(5)
     families = {f.name: f for f in text_string_to_metric_families(
@@ -191,10 +199,16 @@ def test_remove_conditions_takes_only_its_own(tmp_path):
         agent = make_agent(tmp_path, emu.url)
         agent.start()
         agent.run_cycle()
-        Client({"server": emu.url}, "gpu-pascal").delete_conditions(list(hs.CONDITION_TYPES))
-        kinds = {c["type"] for c in Client({"server": emu.url}, "gpu-pascal")
-                 .get_node()["status"]["conditions"]}
+        client = Client({"server": emu.url}, "gpu-pascal")
+        assert hs.FAULTS_ANNOTATION in client.get_node()["metadata"]["annotations"]
+        client.delete_conditions(list(hs.CONDITION_TYPES))
+        client.patch_annotation(hs.FAULTS_ANNOTATION, None)
+        node = client.get_node()
+        kinds = {c["type"] for c in node["status"]["conditions"]}
         assert not any(k.startswith(hs.PREFIX) for k in kinds) and "Ready" in kinds
+        assert hs.FAULTS_ANNOTATION not in (node["metadata"].get("annotations") or {})
+    with pytest.raises(ValueError):
+        Client({"server": "http://127.0.0.1:1"}, "x").patch_annotation("other.io/x", "1")
     with pytest.raises(ValueError):
         Client({"server": "http://127.0.0.1:1"}, "x").patch_conditions([{"type": "Ready"}])
 
@@ -221,3 +235,32 @@ def test_the_payload_runs_the_agent_with_a_bare_python3(tmp_path):
                           "--once"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert run.returncode == 2 and "unknown setting(s) nonsense" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_reset_record_then_the_gpu_answering_clears_its_xid(tmp_path):
+    from gpuprov.node.health import kmsg
+
+    rep = report()
+    pci, uuid = first_pci(rep), rep["nvml"]["gpus"][0]["uuid"]
+    agent = make_agent(tmp_path, None, rep=rep)
+    agent.start()
+    agent.run_cycle()  # learns the GPUs' UUIDs
+    agent.handle_record(kmsg.Record(7, 1, 3, XID79.format(pci=pci)))
+    reset = f"GPU reset executed: {uuid}, success: true"
+    assert agent.handle_record(kmsg.Record(8, 2, 4, reset))[0]["event"] == "reset-reported"
+    lost = json.loads(json.dumps(rep))
+    lost["nvml"]["gpus"][0] = {"index": 0, "error": {"code": 15, "name": "NVML_ERROR_GPU_IS_LOST"}}
+    agent.collect = lambda root: lost
+    agent.run_cycle()  # the GPU did not come back: a failed reset, the fault stays
+    assert f"xid:79:{pci}" in agent.state.faults and not agent.state.pending_resets
+    assert agent.handle_record(kmsg.Record(9, 3, 4, reset))[0]["event"] == "reset-reported"
+    agent.save()  # as the loop does after each batch of records
+    again = make_agent(tmp_path, None, rep=rep)  # restarted before the next cycle
+    again.start()
+    assert again.handle_record(kmsg.Record(9, 3, 4, reset)) == []  # read again: once only
+    assert again.state.pending_resets == {pci: again.state.pending_resets[pci]}
+    again.run_cycle()
+    # The XID is gone; the GPU count the lost GPU failed clears by its own rule (passes).
+    assert list(again.state.faults) == ["check:nvml.gpu-count"]
+    # A reset of a GPU this node does not have changes nothing.
+    assert again.handle_record(kmsg.Record(10, 4, 4, "GPU reset executed: GPU-0000")) == []

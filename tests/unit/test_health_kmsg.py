@@ -178,3 +178,51 @@ def test_lab_kernel_log_faults_reach_the_agent_once_each(tmp_path):
     reasons = sorted((f.reason, f.count, f.key.count(":gi")) for f in s.faults.values())
     assert reasons == [("FallenOffBus", 1, 0), ("XID48", 1, 0), ("XID79", 1, 0),
                        ("XID94", 1, 1), ("XID95", 1, 0), ("XID95", 5000, 0)]
+
+
+@pytest.mark.parametrize(("message", "expected"), [
+    # NVSentinel's reset job's record (NVIDIA/NVSentinel gpu-reset/gpu_reset.sh), both wordings
+    ("GPU reset executed: GPU-455d8f70-2051-db6c-0430-ffc457bff834, success: true",
+     ("GPU-455d8f70-2051-db6c-0430-ffc457bff834", True)),
+    ("GPU reset executed: GPU-455d8f70-2051-db6c-0430-ffc457bff834, success: false",
+     ("GPU-455d8f70-2051-db6c-0430-ffc457bff834", False)),
+    ("GPU reset executed: GPU-22222222-2222-2222-2222-222222222222",
+     ("GPU-22222222-2222-2222-2222-222222222222", True)),
+    ("GPU reset executed:", None),
+    ("NVRM: GPU at PCI:0000:03:00: GPU-455d8f70-2051-db6c-0430-ffc457bff834", None),
+])
+def test_reset_records(message, expected):
+    record = kmsg.Record(7, 0, 4, message)
+    assert kmsg.reset_report(record) == expected
+    assert kmsg.gpu_event(record) is None  # a reset record is never a fault
+
+
+def test_lab_gpu_reset_writes_the_record_and_brings_the_gpu_back(tmp_path):
+    from gpuprov.lab import profiles, simhw
+
+    node = tmp_path / "gpu-hopper"
+    node.mkdir()
+    simhw.write_node_state(node, "gpu-hopper", profiles.NODE_PROFILES["gpu-hopper"])
+    uuids = [line.split("=", 1)[1].strip() for line in
+             (node / simhw.SIM_DIR / simhw.NVML_CONF).read_text().splitlines()
+             if line.startswith("uuid")]
+
+    def log() -> list[kmsg.Record]:
+        return [kmsg.parse_record(raw) for raw in
+                kmsg.split_records((node / simhw.KMSG_FILE).read_bytes())[0]]
+
+    simhw.set_fault(node, "xid-79", gpu_index=1)
+    simhw.set_fault(node, "gpu-lost", gpu_index=1)
+    simhw.set_fault(node, "gpu-lost", gpu_index=2)
+    simhw.set_fault(node, "gpu-reset", gpu_index=1)
+    assert simhw.active_faults(node) == ["xid-79:1", "gpu-lost:2", "gpu-reset:1"]
+    records = log()
+    xid = next(r for r in records if kmsg.gpu_event(r))
+    reset = next(r for r in records if kmsg.reset_report(r))
+    assert kmsg.reset_report(reset) == (uuids[1], True) and reset.seq > xid.seq
+    assert reset.prio == 4  # written from user space: LOG_USER's default level
+    # Another reset later is another record, with a higher seq.
+    simhw.clear_fault(node, "gpu-reset")
+    simhw.set_fault(node, "gpu-reset", gpu_index=1)
+    again = next(r for r in log() if kmsg.reset_report(r))
+    assert again.seq > reset.seq

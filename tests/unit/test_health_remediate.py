@@ -12,7 +12,7 @@ from gpuprov import cordon as cordon_module
 from gpuprov.cli import main
 from gpuprov.errors import GpuprovError
 from gpuprov.health import fleet, remediate
-from gpuprov.lab.kube.testing import running_emulator, write_kubeconfig
+from gpuprov.lab.kube.testing import agent_conditions, running_emulator, write_kubeconfig
 from gpuprov.node.health import state as hs
 from gpuprov.node.health.kube import Client
 
@@ -118,16 +118,7 @@ def test_a_node_given_back_gets_its_stuck_plugin_restarted_in_the_same_round():
 
 
 def publish(url: str, name: str, fault: bool) -> None:
-    s = hs.State()
-    hs.step(s, hs.Started("b", 1))
-    hs.step(s, hs.CycleDone(2))
-    if fault:
-        hs.step(s, hs.XidSeen("0000:3b:00", 79, "GPU has fallen off the bus.", 3,
-                              evidence="ev-b-1"))
-    body = [{"type": c["type"], "status": c["status"], "reason": c["reason"],
-             "message": c["message"], "lastTransitionTime": "2026-11-26T10:00:00Z",
-             "lastHeartbeatTime": "2026-11-26T10:00:00Z"} for c in hs.conditions(s, 4)]
-    Client({"server": url}, name).patch_conditions(body)
+    Client({"server": url}, name).patch_conditions(agent_conditions(fault))
 
 
 def test_show_remediate_ack_round_trip(tmp_path, capsys):
@@ -201,3 +192,17 @@ def test_status_line_shows_the_nodes_health():
     assert line.startswith(", health GPUFault, cordoned by admin (gpuprov.io/GPUFault XID79")
     assert status._health_line(fleet.node_health(node("a"))) == ", health ok"
     assert status._health_line(None) == ""
+
+
+def test_show_json_lists_every_fault_from_the_agents_annotation():
+    s = hs.State()
+    hs.step(s, hs.Started("b", 0))
+    for gpu in range(3):
+        hs.step(s, hs.XidSeen(f"0000:0{gpu}:00", 79, "fallen off the bus", 10 + gpu))
+    faulty = node("gpu-1", fault=True)
+    faulty["metadata"]["annotations"][hs.FAULTS_ANNOTATION] = json.dumps(hs.fault_records(s))
+    doc = fleet.node_health(faulty).to_json()
+    assert [(f["reason"], f["gpu"]) for f in doc["faults"]] == [
+        ("XID79", "0000:00:00"), ("XID79", "0000:01:00"), ("XID79", "0000:02:00")]
+    faulty["metadata"]["annotations"][hs.FAULTS_ANNOTATION] = "not json"
+    assert fleet.node_health(faulty).to_json()["faults"] == []

@@ -4,6 +4,7 @@ clearing rule, escalation, conditions; with property tests over orders of events
 from __future__ import annotations
 
 import json
+import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -109,6 +110,35 @@ def test_reset_clears_only_faults_seen_before_it():
     assert list(s.faults) == ["xid:48:0000:3c:00"]
 
 
+def test_a_reported_reset_clears_when_the_gpu_answers_again():
+    s = fresh()
+    hs.step(s, hs.XidSeen(PCI, 79, "fallen off the bus", 120, seq=5))
+    notes = hs.step(s, hs.ResetReported(PCI, 130, seq=6))
+    assert notes[0]["event"] == "reset-reported" and s.kmsg_seq == 6
+    hs.step(s, hs.XidSeen(PCI, 48, "DBE", 135, seq=7))  # after the reset: not cured by it
+    s = roundtrip(s)  # the report survives an agent restart
+    assert hs.step(s, hs.GpuAnswered("0000:99:00", True, 140)) == []  # another GPU
+    cleared = hs.step(s, hs.GpuAnswered(PCI, True, 140))
+    assert [(n["event"], n["key"]) for n in cleared] == [("cleared", f"xid:79:{PCI}")]
+    assert list(s.faults) == [f"xid:48:{PCI}"] and not s.pending_resets
+    assert hs.step(s, hs.GpuAnswered(PCI, True, 150)) == []  # one report, one clearing
+
+
+def test_a_reset_that_failed_or_was_not_answered_clears_nothing():
+    s = fresh()
+    hs.step(s, hs.XidSeen(PCI, 79, "x", 120))
+    assert hs.step(s, hs.ResetReported(PCI, 130, ok=False))[0]["event"] == "reset-failed"
+    assert hs.step(s, hs.GpuAnswered(PCI, True, 140)) == []  # nothing reported as done
+    hs.step(s, hs.ResetReported(PCI, 150))
+    assert hs.step(s, hs.GpuAnswered(PCI, False, 160))[0]["event"] == "reset-failed"
+    assert list(s.faults) == [f"xid:79:{PCI}"]
+    hs.step(s, hs.ResetReported(PCI, 170))
+    hs.step(s, hs.Started("boot-a", 175))  # the agent restarted: the report stays
+    assert s.pending_resets == {PCI: 170}
+    hs.step(s, hs.Started("boot-b", 180))  # a new boot clears the fault and the report
+    assert not s.faults and not s.pending_resets
+
+
 def test_ack_rules():
     s = fresh()
     hs.step(s, hs.XidSeen(PCI, 79, "x", 120))
@@ -188,6 +218,8 @@ events = st.one_of(
               st.booleans()),
     st.just(("cycle",)),
     st.builds(lambda g, ok: ("reset", g, ok), st.sampled_from(GPUS), st.booleans()),
+    st.builds(lambda g, ok: ("report", g, ok), st.sampled_from(GPUS), st.booleans()),
+    st.builds(lambda g, ok: ("answer", g, ok), st.sampled_from(GPUS), st.booleans()),
     st.builds(lambda g, d: ("ack", g, d), st.sampled_from(GPUS + (None,)),
               st.sampled_from((-5, 0, 100_000))),
 )
@@ -213,6 +245,10 @@ def play(script: list[tuple]) -> list[tuple[hs.State, list[dict], tuple]]:
             event = hs.CycleDone(t)
         elif kind == "reset":
             event = hs.GpuReset(item[1], t, item[2])
+        elif kind == "report":
+            event = hs.ResetReported(item[1], t, item[2])
+        elif kind == "answer":
+            event = hs.GpuAnswered(item[1], item[2], t)
         else:
             event = hs.Ack(f"ack-{t}", t + item[2], "r", "admin", now=t, gpu=item[1])
         out.append((s, hs.step(s, event), item))
@@ -222,17 +258,48 @@ def play(script: list[tuple]) -> list[tuple[hs.State, list[dict], tuple]]:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(events, max_size=40))
 def test_only_the_allowed_triggers_clear_a_fault(script):
-    for _, notes, item in play(script):
+    reported: dict[str, int] = {}  # GPU -> the step of its pending reset report (the model)
+    boot = "b1"
+    for t, (_, notes, item) in enumerate(play(script), 1):
         for note in notes:
             if note["event"] != "cleared":
                 continue
             if note["key"].startswith("xid:"):
-                # an edge fault: a new boot, a successful reset of its GPU, or an ack
-                assert item[0] in ("start", "ack") or (item[0] == "reset" and item[2]), item
-                if item[0] == "reset":
+                # an edge fault: a new boot, a successful reset of its GPU (done, or reported
+                # and then answered), or an ack
+                assert item[0] in ("start", "ack") or (item[0] == "reset" and item[2]) or (
+                    item[0] == "answer" and item[2] and item[1] in reported), item
+                if item[0] in ("reset", "answer"):
                     assert item[1] == note["gpu"]
             else:  # a level fault: a passing check of its own
                 assert item[0] == "check" and item[2] and note["key"] == f"check:{item[1]}"
+        if item[0] == "report":
+            if item[2]:
+                reported[item[1]] = t
+            else:
+                reported.pop(item[1], None)
+        elif item[0] == "answer":
+            reported.pop(item[1], None)
+        elif item[0] == "start" and item[1] != boot:
+            boot = item[1]
+            reported.clear()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(events, max_size=40))
+def test_a_reset_clears_no_fault_seen_after_its_report(script):
+    last_seen: dict[str, int] = {}  # fault key -> the step of its latest record
+    reported: dict[str, int] = {}
+    for t, (_, notes, item) in enumerate(play(script), 1):  # play's clock: step t at time t
+        for note in notes:
+            if note["event"] == "cleared" and item[0] == "answer":
+                assert last_seen[note["key"]] <= reported[item[1]], (note, item)
+        if item[0] == "xid":
+            last_seen[f"xid:{item[2]}:{item[1]}"] = t
+        elif item[0] == "fallen":
+            last_seen[f"xid:79:{item[1]}"] = t
+        elif item[0] == "report" and item[2]:
+            reported[item[1]] = t
 
 
 @settings(max_examples=300, deadline=None)
@@ -259,3 +326,79 @@ def test_escalated_faults_clear_on_ack_only(script):
                 assert item[0] == "ack"
                 escalated.discard(note["key"])
         escalated |= {k for k, f in s.faults.items() if f.escalated}
+
+
+# -- the condition message's 1024 characters -------------------------------------------------
+
+
+def _many(s: hs.State, gpus: int, xids=(79, 48, 95, 63)) -> None:
+    for g in range(gpus):
+        pci = f"0000:{g + 0x10:02x}:00"
+        s.uuids[pci] = f"GPU-{g:08d}-aaaa-bbbb-cccc-dddddddddddd"
+        for i, xid in enumerate(xids):
+            hs.step(s, hs.XidSeen(pci, xid, "a long driver message " * 4, 200 + g + i,
+                                  evidence=f"ev-{g}-{xid}"))
+
+
+def _accounted(message: str, faults: list[hs.Fault]) -> tuple[int, int]:
+    """(faults shown in full, the N of "and N more")."""
+    full = message.count("; evidence ")
+    found = re.search(r"(?:^| \| )and (\d+) more: ", message)
+    more = int(found.group(1)) if found else 0
+    return full, more
+
+
+def test_every_fault_is_counted_within_the_cap_most_severe_first():
+    s = fresh("b1", 0)
+    _many(s, 8)
+    for boot in ("b2", "b3"):  # the same XID 79 on GPU 7 in three boots: escalated
+        hs.step(s, hs.Started(boot, 1000))
+        hs.step(s, hs.XidSeen("0000:17:00", 79, "again", 1001, evidence=f"ev-{boot}"))
+    (gpu,) = [c for c in hs.conditions(s, 2000, {}) if c["type"] == hs.GPU_FAULT]
+    faults = [f for f in s.faults.values() if f.condition == hs.GPU_FAULT]
+    assert len(gpu["message"]) <= hs.MAX_MESSAGE
+    assert gpu["message"].startswith("XID79 [ESCALATED]")
+    full, more = _accounted(gpu["message"], faults)
+    assert full >= 1 and full + more == len(faults) == 1  # a new boot cleared the others
+    _many(s, 8)
+    faults = [f for f in s.faults.values() if f.condition == hs.GPU_FAULT]
+    index = {f"0000:{g + 0x10:02x}:00": g for g in range(8)}  # as NVML numbers them
+    (gpu,) = [c for c in hs.conditions(s, 3000, index) if c["type"] == hs.GPU_FAULT]
+    full, more = _accounted(gpu["message"], faults)
+    assert len(gpu["message"]) <= hs.MAX_MESSAGE and full + more == len(faults) == 32
+    assert gpu["message"].startswith("XID79 [ESCALATED]") and full >= 1 and more > 0
+    for fault in faults:  # each one in full or by reason and GPU in the tail
+        assert fault.evidence in gpu["message"] or \
+            f"{fault.reason} GPU {index[fault.gpu]}" in gpu["message"], fault.key
+    assert hs.FAULTS_ANNOTATION in gpu["message"]
+    records = hs.fault_records(s)
+    assert len(records) == 32 and records[0]["escalated"] is True
+
+
+def test_too_many_for_names_are_counted_by_reason():
+    s = fresh("b1", 0)
+    _many(s, 120, xids=(79, 48))
+    (gpu,) = [c for c in hs.conditions(s, 3000, {}) if c["type"] == hs.GPU_FAULT]
+    full, more = _accounted(gpu["message"], [])
+    assert len(gpu["message"]) <= hs.MAX_MESSAGE and full + more == 240
+    rest = re.split(r"and \d+ more: ", gpu["message"], maxsplit=1)[1]
+    counted = sum(int(part.split(" on ")[1].split()[0]) if " on " in part else 1
+                  for part in rest.split(" (all of them")[0].split(", "))
+    assert counted == more
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.sampled_from((79, 48, 95, 94, 63)),
+                          st.integers(1, 400)), max_size=120))
+def test_the_message_fits_and_counts_every_fault(xids):
+    s = fresh("b1", 0)
+    for gpu, xid, length in xids:
+        hs.step(s, hs.XidSeen(f"0000:{gpu:02x}:00", xid, "m" * length, 200,
+                              evidence=f"e{gpu}-{xid}"))
+    faults = [f for f in s.faults.values() if f.condition == hs.GPU_FAULT]
+    for c in hs.conditions(s, 1000, {}):
+        if c["type"] == hs.GPU_FAULT and faults:
+            assert len(c["message"]) <= hs.MAX_MESSAGE
+            full = sum(1 for f in faults if f"; evidence {f.evidence};" in c["message"])
+            more = _accounted(c["message"], faults)[1]
+            assert full + more == len(faults)

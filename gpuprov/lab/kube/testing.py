@@ -26,6 +26,27 @@ SECURE_NVIDIA_CONTAINERD = RuntimeConfig(frozenset({"nvidia"}), "nvidia",
                                          toolkit_settings=SECURE_TOOLKIT)
 
 
+# The times health tests publish conditions with (a fixed moment: comparable output).
+HEALTH_TIME = "2026-11-26T10:00:00Z"
+
+
+def agent_conditions(fault: bool, evidence: str = "ev-b-1") -> list[dict]:
+    """The four gpuprov.io/ conditions a health agent publishes (its own state machine,
+    gpuprov/node/health/state.py) after its first check cycle: no problem, or an XID 79 on GPU
+    0000:3b:00 with this evidence id; as the agent patches them on its Node's status."""
+    from gpuprov.node.health import state as hs
+
+    s = hs.State()
+    hs.step(s, hs.Started("b", 1))
+    hs.step(s, hs.CycleDone(2))
+    if fault:
+        hs.step(s, hs.XidSeen("0000:3b:00", 79, "GPU has fallen off the bus.", 3,
+                              evidence=evidence))
+    return [{"type": c["type"], "status": c["status"], "reason": c["reason"],
+             "message": c["message"], "lastTransitionTime": HEALTH_TIME,
+             "lastHeartbeatTime": HEALTH_TIME} for c in hs.conditions(s, 4)]
+
+
 def fake_uuids(node: str, count: int) -> list[str]:
     """Stable, distinct GPU UUIDs for a fake node."""
     digest = sum(map(ord, node)) & 0xFFFF

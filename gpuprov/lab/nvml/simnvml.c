@@ -521,7 +521,8 @@ static void read_faults(struct sim_state *st, const char *dir)
             g->remap_pending = 1;
         else if (!strcmp(name, "hot-gpu"))
             g->hot = 1;
-        else if (!strncmp(name, "xid-", 4))
+        else if (!strncmp(name, "xid-", 4) || !strcmp(name, "fallen-off-bus") ||
+                 !strcmp(name, "gpu-reset"))
             ; /* kernel log faults: simhw.py writes them to the node's simulated /dev/kmsg */
         else
             complain("%s: ignoring unknown fault %s", path, name);

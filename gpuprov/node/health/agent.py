@@ -14,7 +14,7 @@ every `heartbeat_s`), writes evidence for each new fault and the metrics file (a
 second: a storm of XID records costs one write per second, not one per record).
 
 Files under state_dir (/var/lib/gpuprov/health): state.json (the State, see state.py),
-conditions.json (what was last published, for `gpuprov health show` and nodes without an
+conditions.json (what was last published, with every fault in full, for nodes without an
 API), evidence.jsonl (+ .1, .2 ... rotated at evidence_max_bytes).
 """
 
@@ -150,6 +150,7 @@ class Agent:
         self.last_report: Mapping[str, Any] = {}
         self.check_status: dict[str, str] = {}
         self.published: list[dict] | None = None
+        self.published_faults: str | None = None  # FAULTS_ANNOTATION's value, as last written
         self.published_at = 0.0
         self.last_cycle = 0.0
         self.metrics_at = 0.0
@@ -215,6 +216,7 @@ class Agent:
                     and f"check:{check}" not in self.state.faults:
                 evidence = self._evidence_id(now)
             notes += hs.step(self.state, hs.CheckResult(check, status, message, now, evidence))
+        notes += self._resets_answered(report, now)
         notes += hs.step(self.state, hs.CycleDone(now))
         self.last_cycle = now
         self._read_acks()
@@ -247,6 +249,9 @@ class Agent:
         pair = kmsg.gpu_uuid(record)
         if pair:
             self.state.uuids[pair[0]] = pair[1]
+        reset = kmsg.reset_report(record)
+        if reset is not None:
+            return self._reset_reported(record, *reset)
         event = kmsg.gpu_event(record)
         if event is None:
             return []
@@ -266,6 +271,33 @@ class Agent:
         self._handle_notes(notes)
         return notes
 
+    def _reset_reported(self, record: kmsg.Record, uuid: str, ok: bool) -> list[dict]:
+        if record.seq <= self.state.kmsg_seq:  # handled before this agent restarted
+            return []
+        pci = next((p for p, u in self.state.uuids.items() if u.lower() == uuid.lower()), None)
+        if pci is None:
+            log.warning("reset reported for %s, which is none of this node's GPUs (%s)", uuid,
+                        ", ".join(sorted(self.state.uuids.values())) or "none known yet")
+            self.state.kmsg_seq = max(self.state.kmsg_seq, record.seq)
+            return []
+        self.recent_nvrm.append(f"{record.seq},{record.usec};{record.message}")
+        notes = hs.step(self.state, hs.ResetReported(pci, self.clock(), ok, record.seq))
+        self._handle_notes(notes)
+        return notes
+
+    def _resets_answered(self, report: Mapping[str, Any], now: float) -> list[dict]:
+        """A GPU with a reported reset answered NVML in this cycle (its handle, no error), or
+        did not; where NVML itself did not answer, the reset stays reported."""
+        nvml = report.get("nvml") or {}
+        if not self.state.pending_resets or nvml.get("error"):
+            return []
+        answered = {_short_pci(g.get("pci_bus_id")): not g.get("error")
+                    for g in nvml.get("gpus") or [] if g.get("pci_bus_id")}
+        notes = []
+        for pci in list(self.state.pending_resets):
+            notes += hs.step(self.state, hs.GpuAnswered(pci, answered.get(pci, False), now))
+        return notes
+
     # -- outputs --------------------------------------------------------------------------
 
     def _evidence_id(self, now: float, seq: int = -1) -> str:
@@ -274,7 +306,8 @@ class Agent:
 
     def _handle_notes(self, notes: list[dict]) -> None:
         for note in notes:
-            if note["event"] in ("raised", "cleared", "ack-refused", "reset-failed"):
+            if note["event"] in ("raised", "cleared", "ack-refused", "reset-reported",
+                                 "reset-failed"):
                 log.warning("%s", json.dumps(note, sort_keys=True))
             if note["event"] == "raised":
                 fault = self.state.faults.get(note["key"])
@@ -305,13 +338,20 @@ class Agent:
             return
         _write_atomic(os.path.join(self.config.state_dir, "conditions.json"),
                       json.dumps({"node": self.config.node_name, "time": now,
-                                  "conditions": conditions}, sort_keys=True))
+                                  "conditions": conditions,
+                                  "faults": hs.fault_records(self.state, self._gpu_index())},
+                                 sort_keys=True))
         if self.client is not None:
             body = [{"type": c["type"], "status": c["status"], "reason": c["reason"],
                      "message": c["message"], "lastHeartbeatTime": _iso(now),
                      "lastTransitionTime": _iso(c["since"])} for c in conditions]
+            faults = json.dumps(hs.fault_records(self.state, self._gpu_index()),
+                                sort_keys=True, separators=(",", ":"))
             try:
                 self.client.patch_conditions(body)
+                if faults != self.published_faults:
+                    self.client.patch_annotation(hs.FAULTS_ANNOTATION, faults)
+                    self.published_faults = faults
             except KubeError as exc:
                 log.warning("cannot publish conditions: %s", exc)
                 return  # published stays stale: the next batch or cycle tries again
@@ -430,7 +470,9 @@ def main(argv: list[str] | None, evaluate: Evaluate) -> int:
         if not config.kube:
             return 0
         try:
-            Client(config.kube, config.node_name).delete_conditions(list(hs.CONDITION_TYPES))
+            client = Client(config.kube, config.node_name)
+            client.delete_conditions(list(hs.CONDITION_TYPES))
+            client.patch_annotation(hs.FAULTS_ANNOTATION, None)
         except KubeError as exc:
             print(f"gpuprov-health: error: {exc}", file=sys.stderr)
             return 1

@@ -13,7 +13,8 @@ the follower then waits POLL_S and reads again, and a file that got shorter (rew
 is read again from its start, its records deduplicated by seq as after a restart.
 
 What an NVIDIA record means is parsed here too: XID lines (the probe's own XID_LINE, MIG
-form included) and "fallen off the bus" lines without an XID.
+form included), "fallen off the bus" lines without an XID, and the "GPU reset executed" record
+a reset tool writes.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ GPU_AT = re.compile(r"NVRM: GPU at PCI:([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f
 # Lines with "Xid" are the XID parser's (NVSentinel's gpufallen handler does the same).
 FALLEN_OFF = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:"
                         r"[0-9A-Fa-f]{2})(?:\.[0-7])?:? (?:GPU )?has fallen off the bus")
+# A GPU reset leaves no record of the driver's (state.py says where that is from), so the tool
+# that resets a GPU writes one; the wording is NVSentinel's reset job's (NVIDIA/NVSentinel
+# gpu-reset/gpu_reset.sh: `logger ... "GPU reset executed: ${UUID}, success: ${SYSLOG_SUCCESS}"`
+# to syslog; its first version wrote the line on success only, without ", success: ..."). The
+# agent follows the kernel log, so here it is written to /dev/kmsg (root only), e.g.
+#   echo "GPU reset executed: GPU-<uuid>, success: true" > /dev/kmsg
+RESET_EXECUTED = re.compile(r"GPU reset executed: (GPU-[0-9A-Fa-f-]+)(?:, success: (\w+))?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +104,17 @@ def gpu_event(record: Record) -> GpuEvent | None:
         return GpuEvent("fallen-off-bus", match.group(1).lower(), None, message.strip(),
                         seq=record.seq, usec=record.usec)
     return None
+
+
+def reset_report(record: Record) -> tuple[str, bool] | None:
+    """(uuid, succeeded) from a "GPU reset executed" record; a record without the success
+    field reports a success (NVSentinel's first wording wrote it only on success)."""
+    if "GPU reset executed" not in record.message:
+        return None
+    match = RESET_EXECUTED.search(record.message)
+    if not match:
+        return None
+    return match.group(1), (match.group(2) or "true").lower() == "true"
 
 
 def gpu_uuid(record: Record) -> tuple[str, str] | None:

@@ -9,7 +9,8 @@ the agent needs nothing more.
 
 Calls: GET the node (the admin's ack annotation); PATCH nodes/NAME/status with a strategic
 merge patch of the conditions it owns (merge key "type"), or "$patch: delete" items to take
-them away (on uninstall). It never writes a condition outside gpuprov.io/.
+them away (on uninstall); PATCH nodes/NAME with a merge patch of its one annotation, the full
+list of its faults. It never writes a condition or annotation outside gpuprov.io/.
 """
 
 from __future__ import annotations
@@ -112,3 +113,12 @@ class Client:
                              {"status": {"conditions": [{"type": t, "$patch": "delete"}
                                                         for t in types]}},
                              "application/strategic-merge-patch+json")
+
+    def patch_annotation(self, name: str, value: str | None) -> dict:
+        """Set (or, with None, remove) one gpuprov.io/ annotation of its own Node (a JSON merge
+        patch of metadata: NodeRestriction lets a kubelet change its own Node object)."""
+        if not name.startswith(PREFIX):
+            raise ValueError(f"the agent writes {PREFIX} annotations only, not {name!r}")
+        return self._request("PATCH", self._path(),
+                             {"metadata": {"annotations": {name: value}}},
+                             "application/merge-patch+json")

@@ -12,6 +12,13 @@ The rules (issue 33; why: ../../../../shared/research/health-anchors.md, section
   only on a new boot id, a GPU reset seen to succeed after the fault, or an admin's dated
   acknowledgement given after the fault (not in the future). A storm of one XID on one GPU is
   one fault with a count.
+- A GPU reset: NVIDIA's driver prints no kernel-log record for one (NVSentinel found the same:
+  NVIDIA/NVSentinel docs/designs/020-nvsentinel-gpu-reset.md, "there does not exist a
+  corresponding syslog entry"; its reset job writes "GPU reset executed: GPU-<uuid>, success:
+  true|false" itself). So a reset is reported (ResetReported, from that record in the kernel
+  log: only root can write /dev/kmsg) and then seen: the next check cycle finds the GPU
+  answering NVML again (GpuAnswered). Only then does it clear the GPU's edge faults seen
+  before the report (GpuReset); a GPU that does not answer is a failed reset.
 - Level faults (a check of verify's node phase that fails: ECC, pending remap, NVML init,
   driver/library mismatch, runtime config) clear after CLEAR_AFTER_PASSES consecutive passes;
   a skipped or crashed check neither heals nor hurts.
@@ -53,7 +60,10 @@ CHECK_CONDITIONS = {
 CLEAR_AFTER_PASSES = 3
 HISTORY_WINDOW_S = 7 * 24 * 3600  # escalation looks at boots within a week (NVSentinel's window)
 ACK_SKEW_S = 300  # an ack dated this far ahead of the node's clock is still "now"
-MAX_MESSAGE = 1024
+MAX_MESSAGE = 1024  # a condition's message; the full list is FAULTS_ANNOTATION's
+# The agent's full list of faults on its own Node (fault_records), for when a condition's
+# message has to shorten some of them.
+FAULTS_ANNOTATION = PREFIX + "health-faults"
 
 EDGE, LEVEL = "edge", "level"
 
@@ -92,6 +102,8 @@ class State:
     xid_counts: dict[str, int] = dataclasses.field(default_factory=dict)  # "pci|xid" -> records
     cleared_total: dict[str, int] = dataclasses.field(default_factory=dict)  # by condition
     raised_total: dict[str, int] = dataclasses.field(default_factory=dict)
+    # pci -> when a reset of that GPU was reported; cleared when the GPU answers (or not)
+    pending_resets: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -161,6 +173,25 @@ class GpuReset:
 
 
 @dataclasses.dataclass(frozen=True)
+class ResetReported:
+    """A kernel-log record says this GPU was reset (ok) or that its reset failed."""
+
+    pci: str
+    at: float
+    ok: bool = True
+    seq: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuAnswered:
+    """A check cycle's view of a GPU with a reported reset: it answered NVML (ok) or not."""
+
+    pci: str
+    ok: bool
+    at: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Ack:
     """An admin's acknowledgement: the GPU (or the node, gpu None) was verified at `at`."""
 
@@ -225,6 +256,7 @@ def _on_started(state: State, event: Started) -> list[dict]:
         previous = state.boot_id
         state.boot_id = event.boot_id
         state.kmsg_seq = -1
+        state.pending_resets = {}  # the new boot reset every GPU anyway
         if previous:  # a reboot: edge faults of the old boot clear, unless escalated
             for key in [k for k, f in state.faults.items() if f.kind == EDGE and not f.escalated]:
                 notes.append(_clear(state, key, f"new boot {event.boot_id}"))
@@ -296,6 +328,27 @@ def _on_reset(state: State, event: GpuReset) -> list[dict]:
                         and f.last_seen <= event.at]]
 
 
+def _on_reset_reported(state: State, event: ResetReported) -> list[dict]:
+    if event.seq >= 0:
+        state.kmsg_seq = max(state.kmsg_seq, event.seq)
+    if not event.ok:
+        state.pending_resets.pop(event.pci, None)
+        return [_note("reset-failed", None, gpu=event.pci, why="reported failed")]
+    state.pending_resets[event.pci] = event.at
+    return [_note("reset-reported", None, gpu=event.pci)]
+
+
+def _on_answered(state: State, event: GpuAnswered) -> list[dict]:
+    reported = state.pending_resets.pop(event.pci, None)
+    if reported is None:
+        return []
+    if not event.ok:
+        return [_note("reset-failed", None, gpu=event.pci,
+                      why="the GPU did not answer NVML after its reported reset")]
+    # Faults seen up to the report clear; one seen after it (before this cycle) stays.
+    return _on_reset(state, GpuReset(event.pci, reported))
+
+
 def _on_ack(state: State, event: Ack) -> list[dict]:
     if event.id in state.acks_applied:
         return []
@@ -318,6 +371,7 @@ def _on_ack(state: State, event: Ack) -> list[dict]:
 
 _HANDLERS: dict[type, Any] = {Started: _on_started, XidSeen: _on_xid, FallenOffBus: _on_fallen,
                               CheckResult: _on_check, CycleDone: _on_cycle, GpuReset: _on_reset,
+                              ResetReported: _on_reset_reported, GpuAnswered: _on_answered,
                               Ack: _on_ack}
 
 
@@ -332,22 +386,79 @@ def step(state: State, event: Any) -> list[dict]:
 # -- what the node shows -----------------------------------------------------------------
 
 
+def _where(fault: Fault, uuids: dict[str, str], gpu_index: dict[str, int]) -> tuple[str, str]:
+    """(long, short) names of the fault's GPU: "GPU 2 (GPU-..., 0000:3b:00)", "GPU 2"."""
+    if not fault.gpu:
+        return "", ""
+    index = gpu_index.get(fault.gpu)
+    short = f"GPU {index}" if index is not None else f"GPU {fault.gpu}"
+    uuid = uuids.get(fault.gpu)
+    return (f"GPU {index if index is not None else '?'} "
+            f"({', '.join(x for x in (uuid, fault.gpu) if x)})"), short
+
+
+def severity(fault: Fault) -> tuple:
+    """Most severe first: escalated (a person must look), then edge faults (a GPU event that
+    never goes away by itself), then level faults; the oldest first within each."""
+    return (not fault.escalated, fault.kind != EDGE, fault.first_seen, fault.key)
+
+
 def _message(faults: list[Fault], uuids: dict[str, str], gpu_index: dict[str, int]) -> str:
-    parts = []
+    """Every fault of one condition, most severe first, in at most MAX_MESSAGE characters:
+    each in full while they fit, then the rest by reason and GPU ("and 3 more: XID48 GPU 5,
+    ..."), or by reason with counts where even that does not fit. Nothing is left out
+    unsaid; the full record of each is in the Node's FAULTS_ANNOTATION and evidence."""
+    full = []
     for fault in faults:
-        where = ""
-        if fault.gpu:
-            index = gpu_index.get(fault.gpu)
-            uuid = uuids.get(fault.gpu)
-            where = (f"GPU {index if index is not None else '?'} "
-                     f"({', '.join(x for x in (uuid, fault.gpu) if x)}): ")
+        where = _where(fault, uuids, gpu_index)[0]
         times = f" x{fault.count}" if fault.count > 1 else ""
         evidence = f"; evidence {fault.evidence}" if fault.evidence else ""
         action = f"; action: {fault.action}" if fault.action else ""
         escalated = " [ESCALATED]" if fault.escalated else ""
-        parts.append(f"{fault.reason}{escalated}: {where}{fault.summary}{times}{evidence}{action}")
-    text = " | ".join(parts)
-    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 3] + "..."
+        full.append(f"{fault.reason}{escalated}: {where + ': ' if where else ''}"
+                    f"{fault.summary}{times}{evidence}{action}")
+    text = " | ".join(full)
+    if len(text) <= MAX_MESSAGE:
+        return text
+    # Shown in full: as many of the most severe as leave room for the rest named by reason and
+    # GPU (every fault's GPU named beats one more in full); else by reason with counts.
+    for by_gpu in (True, False):
+        for shown in range(len(faults) - 1, -1, -1):
+            head = " | ".join(full[:shown])
+            tail = _tail(faults[shown:], uuids, gpu_index, by_gpu)
+            candidate = f"{head} | {tail}" if head else tail
+            if len(candidate) <= MAX_MESSAGE:
+                return candidate
+    return _tail(faults, uuids, gpu_index, False)[:MAX_MESSAGE]
+
+
+def _tail(rest: list[Fault], uuids: dict[str, str], gpu_index: dict[str, int],
+          by_gpu: bool) -> str:
+    if by_gpu:
+        names = [f"{f.reason}{' [ESCALATED]' if f.escalated else ''}"
+                 f"{' ' + _where(f, uuids, gpu_index)[1] if f.gpu else ''}"
+                 f"{' x' + str(f.count) if f.count > 1 else ''}" for f in rest]
+    else:
+        counts: dict[str, int] = {}
+        for f in rest:
+            counts[f.reason] = counts.get(f.reason, 0) + 1
+        names = [f"{reason} on {n} GPU(s)" if n > 1 else reason for reason, n in counts.items()]
+    return (f"and {len(rest)} more: {', '.join(names)} (all of them: the Node's "
+            f"{FAULTS_ANNOTATION} annotation)")
+
+
+def fault_records(state: State, gpu_index: dict[str, int] | None = None) -> list[dict]:
+    """Every fault, most severe first, as the FAULTS_ANNOTATION lists them."""
+    out = []
+    for fault in sorted(state.faults.values(), key=lambda f: (f.condition, severity(f))):
+        record = {"condition": fault.condition, "reason": fault.reason, "gpu": fault.gpu,
+                  "uuid": state.uuids.get(fault.gpu, ""), "index": (gpu_index or {}).get(
+                      fault.gpu), "summary": fault.summary, "count": fault.count,
+                  "first_seen": fault.first_seen, "last_seen": fault.last_seen,
+                  "evidence": fault.evidence, "action": fault.action,
+                  "escalated": fault.escalated}
+        out.append({k: v for k, v in record.items() if v not in ("", None)})
+    return out
 
 
 def conditions(state: State, now: float, gpu_index: dict[str, int] | None = None) -> list[dict]:
@@ -356,7 +467,7 @@ def conditions(state: State, now: float, gpu_index: dict[str, int] | None = None
     out = []
     for ctype in CONDITION_TYPES:
         faults = sorted((f for f in state.faults.values() if f.condition == ctype),
-                        key=lambda f: (not f.escalated, f.first_seen, f.key))
+                        key=severity)
         if faults:
             status, reason = "True", faults[0].reason
             message = _message(faults, state.uuids, gpu_index or {})
