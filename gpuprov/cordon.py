@@ -59,13 +59,17 @@ REASON_MAX = 400
 # the GPUs there, DCGM included), DCGM's host engine under the names of NVIDIA's package
 # (nvidia-dcgm) and of older ones (dcgm). Stopped in the reverse order, as NVIDIA's
 # mig-manager stops its driver services (NVIDIA/mig-parted deployments/systemd/hooks.sh,
-# reverse_array before stop_systemd_services, read 2026-11-26). Only those that run are
-# stopped, and only those are started again.
+# reverse_array before stop_systemd_services, read 2026-11-26). Last, gpuprov's own health
+# agent (roles/gpu_health): it opens the GPUs through NVML every cycle, and a driver swapped or
+# a MIG layout changed under it would be a fault it keeps until it passes again (a restart
+# never heals): it is stopped first and started last, around the maintenance. Only those that
+# run are stopped, and only those are started again.
 HOST_GPU_CLIENTS = (
     "nvidia-persistenced.service",
     "nvidia-fabricmanager.service",
     "nvidia-dcgm.service",
     "dcgm.service",
+    "gpuprov-health-agent.service",
 )
 
 

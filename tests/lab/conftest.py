@@ -128,6 +128,20 @@ def reload_agents(lab: Lab, nodes) -> None:
         proc.wait(timeout=60)
 
 
+def recheck_health(lab: Lab, nodes, timeout: float = 90.0) -> None:
+    """Make the nodes' agents check again and again (systemctl reload) until none of them has
+    a gpuprov.io/ condition True: after a fix, an ongoing problem clears only after
+    gpu_health_clear_after_passes passing cycles (60 s apart on their own)."""
+    core = client.CoreV1Api(kube_api(lab))
+    deadline = time.monotonic() + timeout
+    problems = {n: p for n, p in health_problems(core).items() if n in nodes}
+    while problems and time.monotonic() < deadline:
+        reload_agents(lab, problems)
+        time.sleep(1.0)
+        problems = {n: p for n, p in health_problems(core).items() if n in nodes}
+    assert not problems, f"the health agents did not clear within {timeout:.0f} s: {problems}"
+
+
 def settle_health(lab: Lab, timeout: float = 90.0) -> None:
     """Give the lab back healthy after a test's faults, as an admin would: acknowledge each
     node with a gpuprov.io/ condition True (XID faults clear only so), make its agent check
@@ -142,12 +156,7 @@ def settle_health(lab: Lab, timeout: float = 90.0) -> None:
         for node in problems:
             assert main(["health", "ack", node, "--kubeconfig", str(lab.kubeconfig_path),
                          "--reason", "lab test cleanup"]) == 0
-        deadline = time.monotonic() + timeout
-        while problems and time.monotonic() < deadline:
-            reload_agents(lab, problems)
-            time.sleep(1.0)
-            problems = health_problems(core)
-        assert not problems, f"the health agents did not clear within {timeout:.0f} s: {problems}"
+        recheck_health(lab, list(problems), timeout)
     for node in core.list_node().items:
         capacity = (node.status.capacity or {}).get("nvidia.com/gpu")
         allocatable = (node.status.allocatable or {}).get("nvidia.com/gpu")

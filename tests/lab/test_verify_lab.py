@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import clear_faults, kube_api, playbook_failures
+from conftest import clear_faults, kube_api, playbook_failures, recheck_health
 from kubernetes import client
 
 from gpuprov.lab import nodefaults, podman, simhw
@@ -198,6 +198,9 @@ def test_the_driver_role_builds_the_module_of_the_kernel_the_node_boots_next(
             "nvidia_driver : Build the nvidia module for the kernel the node boots next"} \
         <= changed, changed
 
+    # The node's health agent saw the missing module too (DriverProblem, k8s.health): it
+    # clears after its passing cycles, which the admin asks for now (systemctl reload).
+    recheck_health(lab, ["gpu-pascal"])
     rc, doc, out = verify("--json", "--no-pods", "--limit", "gpu-pascal")
     assert rc == 0, out
     fixed = _result(doc, "gpu-pascal", NEXT_BOOT)

@@ -194,6 +194,32 @@ def test_a_failing_check_is_a_level_fault_with_its_condition(tmp_path):
         assert node_condition(emu.url, "gpu-pascal")["status"] == "False"
 
 
+def test_a_skip_clears_only_while_nvml_answers(tmp_path):
+    # driver.next-boot failed for a kernel in /boot; the kernel is removed, the check then
+    # skips ("no kernel image in /boot"): nothing is left to worry about, the fault clears.
+    # While NVML does not answer, the GPU checks skip for want of evidence: a fault stays.
+    script = {"nvml.init": "pass", "driver.next-boot": "fail", "gpu.ecc": "fail"}
+
+    def scripted(settings, rep, skip=()):
+        return [{"check": c, "status": s, "message": s} for c, s in script.items()]
+
+    agent = agent_module.Agent(make_agent(tmp_path, None).config, scripted,
+                               collect=lambda root: report())
+    agent.start()
+    agent.run_cycle()
+    assert {"check:driver.next-boot", "check:gpu.ecc"} <= set(agent.state.faults)
+    script.update({"nvml.init": "fail", "driver.next-boot": "skip", "gpu.ecc": "skip"})
+    for _ in range(hs.CLEAR_AFTER_PASSES + 1):
+        agent.run_cycle()
+    assert {"check:driver.next-boot", "check:gpu.ecc"} <= set(agent.state.faults)
+    script.update({"nvml.init": "pass"})
+    for _ in range(hs.CLEAR_AFTER_PASSES):
+        agent.run_cycle()
+    assert "check:driver.next-boot" not in agent.state.faults
+    assert "check:gpu.ecc" not in agent.state.faults
+    assert agent.check_status["driver.next-boot"] == "skip"  # the metrics say what it said
+
+
 def test_remove_conditions_takes_only_its_own(tmp_path):
     with running_emulator() as emu:
         agent = make_agent(tmp_path, emu.url)
