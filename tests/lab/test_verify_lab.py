@@ -20,6 +20,7 @@ from kubernetes import client
 from gpuprov.lab import nodefaults, podman, simhw
 from gpuprov.nvidia import driver_lifecycle, mig
 from gpuprov.verify import pods
+from gpuprov.verify import runner as _registered  # noqa: F401 (registers every check in CHECKS)
 from gpuprov.verify.findings import CHECKS
 
 GPU_NODES = ("gpu-kepler", "gpu-pascal", "gpu-hopper")
@@ -34,7 +35,12 @@ MIG = "gpu.mig"
 # driver.security warns on Debian 12's 470 and 535 (accepted by the lab's inventory:
 # nvidia_driver_allow_vulnerable) and passes on gpu-hopper's fixed R580: checked on its own.
 SECURITY = "driver.security"
-EVERY_CHECK = set(CHECKS) - {"pods.cuda-compat", EOL, NEXT_BOOT, MIG, SECURITY}  # --image
+# A Kubernetes node's checks (the Docker hosts' container and swarm phases are another lab's).
+EVERY_CHECK = {c for c, spec in CHECKS.items() if spec.phase in ("node", "cluster", "pod")} \
+    - {"pods.cuda-compat", EOL, NEXT_BOOT, MIG, SECURITY}  # --image
+# Read at import: without the registration above it was empty whenever this module was
+# collected before any module that imports the checks (the tests below then compared nothing).
+assert len(EVERY_CHECK) > 20 and "k8s.health" in EVERY_CHECK, EVERY_CHECK
 
 
 @pytest.fixture(scope="module")
