@@ -28,7 +28,9 @@ from gpuprov.errors import ExitCode, GpuprovError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ROLE = "nvidia_device_plugin"
+DRA_ROLE = "nvidia_dra_driver"
 DEVICE_PLUGIN_TEMPLATE = "nvidia-device-plugin.yml.j2"
+DRA_DRIVER_TEMPLATE = "nvidia-dra-driver.yml.j2"
 SMOKE_POD_TEMPLATE = "smoke-pod.yml.j2"
 SMOKE_JOB_TEMPLATE = "smoke-job.yml.j2"
 SMOKE_COMMAND = ("nvidia-smi", "-L")
@@ -38,10 +40,10 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
-def _paths(root: Path | None = None) -> tuple[Path, Path, Path]:
+def _paths(root: Path | None = None, role: str = ROLE) -> tuple[Path, Path, Path]:
     root = root or repo_root()
-    return (root / "templates", root / "roles" / ROLE / "defaults" / "main.yml",
-            root / "roles" / ROLE / "meta" / "argument_specs.yml")
+    return (root / "templates", root / "roles" / role / "defaults" / "main.yml",
+            root / "roles" / role / "meta" / "argument_specs.yml")
 
 
 def _require(path: Path) -> Path:
@@ -65,13 +67,13 @@ def _load_yaml(path: Path, what: str) -> Any:
         raise GpuprovError(f"cannot read {what} {path}: {exc.strerror}") from None
 
 
-def role_defaults(root: Path | None = None) -> dict[str, Any]:
-    _, defaults, _ = _paths(root)
+def role_defaults(root: Path | None = None, role: str = ROLE) -> dict[str, Any]:
+    _, defaults, _ = _paths(root, role)
     return dict(_load_yaml(defaults, "the role defaults") or {})
 
 
-def role_options(root: Path | None = None) -> dict[str, dict[str, Any]]:
-    _, _, specs = _paths(root)
+def role_options(root: Path | None = None, role: str = ROLE) -> dict[str, dict[str, Any]]:
+    _, _, specs = _paths(root, role)
     doc = _load_yaml(specs, "the role's argument specs") or {}
     return dict(doc["argument_specs"]["main"]["options"])
 
@@ -108,10 +110,10 @@ def _type_error(name: str, value: Any, spec: Mapping[str, Any]) -> str | None:
 
 
 def load_values(values_file: Path | str | None = None,
-                root: Path | None = None) -> dict[str, Any]:
+                root: Path | None = None, role: str = ROLE) -> dict[str, Any]:
     """The role defaults overlaid with a values file (a YAML mapping of role variables),
     checked against the role's argument specs."""
-    values = role_defaults(root)
+    values = role_defaults(root, role)
     if values_file is None:
         return values
     path = Path(values_file)
@@ -122,8 +124,8 @@ def load_values(values_file: Path | str | None = None,
         return values
     if not isinstance(user, dict):
         raise GpuprovError(f"values file {path} must be a YAML mapping of "
-                           f"{ROLE}_* variables, got {type(user).__name__}")
-    options = role_options(root)
+                           f"{role}_* variables, got {type(user).__name__}")
+    options = role_options(root, role)
     for name, value in user.items():
         if name not in options:
             close = difflib.get_close_matches(str(name), list(options), n=1)
@@ -134,7 +136,7 @@ def load_values(values_file: Path | str | None = None,
         if problem:
             raise GpuprovError(f"values file {path}: {problem}")
     values.update(user)
-    if values["nvidia_device_plugin_time_slicing_replicas"] < 1:
+    if role == ROLE and values["nvidia_device_plugin_time_slicing_replicas"] < 1:
         raise GpuprovError(f"values file {path}: nvidia_device_plugin_time_slicing_replicas "
                            "must be 1 (no sharing) or more")
     return values
@@ -170,6 +172,14 @@ def device_plugin(values_file: Path | str | None = None, root: Path | None = Non
     """Exactly the objects the nvidia_device_plugin role applies: RuntimeClass, ConfigMap
     (time-slicing only), DaemonSet."""
     return render(DEVICE_PLUGIN_TEMPLATE, load_values(values_file, root), root)
+
+
+def dra_driver(values_file: Path | str | None = None, root: Path | None = None) -> list[dict]:
+    """Exactly the objects of NVIDIA's DRA driver for the nodes with gpu_allocation dra:
+    Namespace, the kubelet plugin's ServiceAccount, ClusterRole and binding, DaemonSet, the
+    DeviceClasses gpu.nvidia.com and mig.nvidia.com, and (nvidia_dra_driver_slice_policy) the
+    chart's ValidatingAdmissionPolicy and its binding."""
+    return render(DRA_DRIVER_TEMPLATE, load_values(values_file, root, DRA_ROLE), root)
 
 
 # The resources of NVIDIA's device plugin a smoke workload may request: whole GPUs, or one MIG

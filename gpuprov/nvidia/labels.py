@@ -85,6 +85,27 @@ RUNTIME_MAJOR = "nvidia.com/cuda.runtime-version.major"
 RUNTIME_MINOR = "nvidia.com/cuda.runtime-version.minor"
 RUNTIME_FULL = "nvidia.com/cuda.runtime-version.full"
 
+# Which of NVIDIA's allocators runs on a node (gpu_allocation, gpuprov/gpu_allocation.py), with
+# the GPU Operator's keys so that a node reads the same either way: its device-plugin DaemonSet
+# is left out by deploy.device-plugin=false, its DRA kubelet plugin selects
+# deploy.dra-driver=true (NVIDIA/gpu-operator v26.7.0 manifests/state-dra-driver/
+# 0500_daemonset.yaml and controllers/state_manager.go, read 2026-11-26). gpu_mig pauses the
+# device plugin with the first key too.
+DEPLOY_DEVICE_PLUGIN = "nvidia.com/gpu.deploy.device-plugin"
+DEPLOY_DRA_DRIVER = "nvidia.com/gpu.deploy.dra-driver"
+
+
+def allocation_labels(mode: str) -> dict[str, str | None]:
+    """The deploy labels of a node in this allocation mode ("device-plugin" | "dra"): the
+    device plugin's key is set to "false" on a DRA node and removed (None) on a device-plugin
+    node, where the DaemonSet runs without it; the DRA key is set only on a DRA node."""
+    if mode == "dra":
+        return {DEPLOY_DEVICE_PLUGIN: "false", DEPLOY_DRA_DRIVER: "true"}
+    if mode == "device-plugin":
+        return {DEPLOY_DEVICE_PLUGIN: None, DEPLOY_DRA_DRIVER: None}
+    raise ValueError(f"unknown GPU allocation mode {mode!r}")
+
+
 # The GFD-compatible keys gpuprov sets and therefore owns (removes when stale).
 GFD_KEYS: tuple[str, ...] = (
     PRESENT, PRODUCT, FAMILY, COUNT, MEMORY, COMPUTE_MAJOR, COMPUTE_MINOR,

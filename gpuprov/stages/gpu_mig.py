@@ -26,11 +26,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuprov import cordon
-from gpuprov.nvidia import mig
+from gpuprov.nvidia import labels, mig
 
 CONFIG_LABEL = "nvidia.com/mig.config"
 STATE_LABEL = "nvidia.com/mig.config.state"
-PLUGIN_DEPLOY_LABEL = "nvidia.com/gpu.deploy.device-plugin"
+PLUGIN_DEPLOY_LABEL = labels.DEPLOY_DEVICE_PLUGIN
 PAUSED = "paused-for-mig-change"
 OWNER = "gpu-mig"  # gpuprov/cordon.py's owner: the gpuprov.io/mig-* annotations
 FAILED = cordon.keys(OWNER).failed

@@ -9,6 +9,10 @@ filters). Which driver branch a node gets is gpuprov.nvidia.driver_branches.choo
     gpu_summary(gpus)                     "2x Tesla K80 (kepler, cc 3.7), ..."
     choice_text(choice)                   the branch chooser's reason and its notes
     os_problem(...)                       what is wrong with the node's OS for gpu_preflight
+    allocation_problem(host, setting, report, ...)
+                                          why the node cannot have its gpu_allocation (DRA
+                                          needs Kubernetes, CDI and a driver branch recent
+                                          enough: gpuprov/gpu_allocation.py), or None
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpuprov import gpu_allocation
 from gpuprov.nvidia import hardware
 
 
@@ -128,3 +133,16 @@ def os_problem(*, host: str, distribution: str, major: str, supported: Iterable[
                 "packages to gpuprov.nvidia.driver_branches, or remove it from "
                 "gpu_preflight_supported_os.")
     return None
+
+
+def allocation_problem(host: str, setting: Any, report: Mapping | None, *, api_server: Any = None,
+                       kubelet: Any = None, runtime: str = "containerd", branch: Any = None,
+                       toolkit_mode: Any = None) -> str | None:
+    """One line when the node's gpu_allocation is not a mode, or is dra on a node that cannot
+    have it (None: fine). The node's facts come from its probe report (runtime package,
+    containerd's enable_cdi, NVML's driver version, else the branch chosen for it) and from the
+    cluster (the API server's and the node's kubelet version)."""
+    facts = gpu_allocation.from_report(
+        report, api_server=api_server, kubelet=kubelet, runtime=runtime, branch=branch,
+        toolkit_mode=toolkit_mode or "auto")
+    return gpu_allocation.refusal(host, setting, facts)

@@ -17,6 +17,9 @@ both call gpuprov.
     choice | gpuprov_choice_text        -> the chooser's reason and notes
     supported_os | gpuprov_os_problem(host=..., distribution=..., major=..., os_id=...)
         -> what is wrong with the node's OS for gpu_preflight, or none
+    gpu_allocation | gpuprov_allocation_problem(host, report, api_server=..., kubelet=...,
+                     runtime=..., branch=..., toolkit_mode=...)
+        -> why the node cannot have its allocation mode (device-plugin | dra), or none
 """
 
 from __future__ import annotations
@@ -90,6 +93,19 @@ def gpuprov_os_problem(supported: Any, host: Any, distribution: Any, major: Any,
         supported=[str(s) for s in support.items(supported, "gpuprov_os_problem", "OS names")])
 
 
+def gpuprov_allocation_problem(setting: Any, host: Any, report: Any = None, api_server: Any = None,
+                               kubelet: Any = None, runtime: Any = "containerd",
+                               branch: Any = None, toolkit_mode: Any = None) -> str | None:
+    if report is not None and not isinstance(report, Mapping):
+        raise AnsibleFilterError(f"gpuprov_allocation_problem expects the probe report as a "
+                                 f"mapping, got {report!r}")
+    return support.stage("gpu_preflight").allocation_problem(
+        str(host), support.text(setting), report, api_server=support.text(api_server),
+        kubelet=support.text(kubelet), runtime=str(runtime or "containerd"),
+        branch=support.text(branch), toolkit_mode=support.text(toolkit_mode))
+
+
 FilterModule = support.filter_module(
     gpuprov_classify, gpuprov_probe_gpus, gpuprov_choose_branch, gpuprov_node_python,
-    gpuprov_probe_outcome, gpuprov_gpu_summary, gpuprov_choice_text, gpuprov_os_problem)
+    gpuprov_probe_outcome, gpuprov_gpu_summary, gpuprov_choice_text, gpuprov_os_problem,
+    gpuprov_allocation_problem)

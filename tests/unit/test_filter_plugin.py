@@ -67,6 +67,7 @@ def test_filters_are_registered():
         "gpuprov_gpu_summary",
         "gpuprov_choice_text",
         "gpuprov_os_problem",
+        "gpuprov_allocation_problem",
     }
     # The gpu_verify role's, in its own file.
     verify = _load("gpuprov_verify_filter_plugin", REPO / "plugins" / "filter" / "gpu_verify.py")

@@ -215,3 +215,36 @@ def test_filter_plugin_calls_the_labels_module(ansible_plugin):
         filters["gpuprov_node_labels"]([1, 2])
     with pytest.raises(AnsibleFilterError, match="not a valid Kubernetes label key"):
         filters["gpuprov_node_labels"](rep, "bad key")
+
+
+# -- the allocation mode's labels (gpu_allocation: device-plugin | dra) ----------------------
+
+
+def test_a_dra_node_is_labelled_off_the_device_plugin_and_on_the_dra_driver():
+    assert labels.allocation_labels("dra") == {"nvidia.com/gpu.deploy.device-plugin": "false",
+                                               "nvidia.com/gpu.deploy.dra-driver": "true"}
+    # Back on the device plugin both keys go: the plugin's DaemonSet runs without its key.
+    assert labels.allocation_labels("device-plugin") == {
+        "nvidia.com/gpu.deploy.device-plugin": None, "nvidia.com/gpu.deploy.dra-driver": None}
+    with pytest.raises(ValueError, match="unknown GPU allocation mode 'both'"):
+        labels.allocation_labels("both")
+
+
+def test_the_device_plugin_daemonset_leaves_out_dra_nodes_only():
+    """The device plugin's DaemonSet, as gpuprov renders it, against nodes labelled for each
+    mode (the emulator's node-affinity matcher follows Kubernetes' own; test code only)."""
+    from gpuprov import manifests
+    from gpuprov.lab.kube import selectors
+
+    daemonset = next(o for o in manifests.device_plugin() if o["kind"] == "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+
+    def node(mode: str) -> dict:
+        set_labels = {k: v for k, v in labels.allocation_labels(mode).items() if v is not None}
+        return {"metadata": {"name": mode, "labels": {labels.PRESENT: "true", **set_labels}}}
+
+    def selected(n: dict) -> bool:
+        return selectors.node_selector_matches(pod, n) and selectors.node_affinity_matches(pod, n)
+
+    assert selected(node("device-plugin"))
+    assert not selected(node("dra"))

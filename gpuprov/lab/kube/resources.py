@@ -94,6 +94,15 @@ RESOURCES: tuple[ResourceType, ...] = (
                  ("pdb",), (STATUS,)),
     ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True),
+    # Dynamic Resource Allocation (GA in 1.34): served with the validation their schemas lack
+    # (validation.py); the scheduler's allocation is not emulated yet (EMULATION.md).
+    ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False),
+    ResourceType("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False,
+                 selectable_fields=("spec.nodeName", "spec.driver")),
+    ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, (),
+                 (STATUS,)),
+    ResourceType("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate",
+                 True),
     # Stored and served, not enforced: the emulated API server authorises every request.
     ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
     ResourceType("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
