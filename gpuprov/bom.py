@@ -16,12 +16,18 @@ the playbook's result (ansible.posix.json): parse_simulation(), parse_depends() 
 parse_policy() read apt's output, node() builds one node's list, mirror() the de-duplicated
 list over the nodes.
 
-dnf nodes: the playbook resolves nothing there yet (no dnf equivalent written); such a node is
-listed as undecided with that reason rather than with a guess.
+dnf nodes (RHEL family): the playbook asks dnf what it would install or upgrade for the same
+plans (`dnf install --assumeno`: its transaction table, parse_dnf_transaction(), dnf 4 and dnf
+5 formats) and reads the node's repository files (/etc/yum.repos.d/*.repo: parse_repo_files(),
+each repository's baseurl and gpgkey); node_dnf() builds the node's list. NOT done for dnf
+(unlike apt): the part of the closure a node already has and dnf leaves alone is not listed (on
+a bare node the transaction is the whole closure). No RHEL node exists in the lab: the parsers
+are tested on output recorded on real systems (tests/fixtures/bom/dnf/SOURCES.md).
 """
 
 from __future__ import annotations
 
+import configparser
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -86,6 +92,68 @@ def parse_policy(text: str | None) -> dict[str, dict[str, list[str]]]:
     return out
 
 
+# dnf's transaction table: section lines ("Installing:", "Installing dependencies:",
+# "Upgrading:", "Updating for dependencies:" in yum's words) and package rows
+# " NAME ARCH [EPOCH:]VERSION-RELEASE REPOSITORY SIZE"; dnf 5 adds "   replacing NAME ..." under
+# an upgraded package. dnf 4 puts a name too long for its column on a line of its own.
+_DNF_SECTION = re.compile(r"^([A-Z][A-Za-z ]+):$")
+_DNF_TAKEN = ("Install", "Upgrad", "Updat", "Reinstall", "Downgrad")
+_RPM_ARCHES = {"x86_64", "noarch", "i686", "i386", "aarch64", "ppc64le", "s390x"}
+
+
+def parse_dnf_transaction(text: str | None) -> list[dict[str, str]]:
+    """dnf's (or yum's) transaction table: [{name, version, arch, repository}] of what it would
+    install, upgrade or downgrade, in its order; removals and "replacing" lines left out. A
+    version keeps its epoch, except dnf 5's explicit "0:" (dnf 4 leaves it out)."""
+    out: list[dict[str, str]] = []
+    taken = True  # rows before any section line: the excerpt's own, counted as taken
+    pending = ""
+    for line in (text or "").splitlines():
+        if line.startswith("Transaction Summary"):
+            break
+        if match := _DNF_SECTION.match(line):
+            taken = match.group(1).startswith(_DNF_TAKEN)
+            pending = ""
+            continue
+        fields = line.split()
+        if not line.startswith(" ") or not fields or fields[0] == "replacing":
+            continue
+        if len(fields) == 1:
+            pending = fields[0]  # dnf 4: the rest of the row is on the next line
+            continue
+        if pending:
+            fields, pending = [pending, *fields], ""
+        if len(fields) < 5 or fields[1] not in _RPM_ARCHES or not taken:
+            continue
+        name, arch, version, repository = fields[:4]
+        out.append({"name": name, "version": version.removeprefix("0:"), "arch": arch,
+                    "repository": repository})
+    return out
+
+
+def parse_repo_files(text: str | None, arch: str = "x86_64") -> dict[str, dict[str, Any]]:
+    """The node's .repo files (concatenated, INI as dnf reads them): repository id ->
+    {name, url (baseurl, else metalink or mirrorlist, with $basearch expanded), key (the first
+    gpgkey; None where none), enabled, gpgcheck}. configparser is dnf's own format reader's
+    model (libdnf reads the same INI); a section read twice keeps its last values."""
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    parser.read_string(text or "")
+    out = {}
+    for repo_id in parser.sections():
+        section = parser[repo_id]
+        url = next((section[k].split()[0] for k in ("baseurl", "metalink", "mirrorlist")
+                    if section.get(k, "").strip()), None)
+        keys = (section.get("gpgkey") or "").replace(",", " ").split()
+        out[repo_id] = {
+            "name": section.get("name", repo_id),
+            "url": url.replace("$basearch", arch).rstrip("/") if url else None,
+            "key": keys[0].replace("$basearch", arch) if keys else None,
+            "enabled": section.get("enabled", "1").strip().lower() in ("1", "true", "yes"),
+            "gpgcheck": section.get("gpgcheck", "0").strip().lower() in ("1", "true", "yes"),
+        }
+    return out
+
+
 def _key_for(repository: str, keys: Mapping[str, str | None]) -> str | None:
     """The key URL of the repository a package comes from (NVIDIA's, from the roles'
     settings), None for the OS's archive (its own keyring)."""
@@ -141,6 +209,36 @@ def node(materials: Mapping[str, Any]) -> dict[str, Any]:
         # Only the keys of repositories packages come from (the toolkit's key is downloaded
         # by the role whether or not apt takes a package from it).
         "files": [f for f in files if f in used_keys or f == materials.get("toolkit_repo_key_url")],
+    }
+
+
+def node_dnf(materials: Mapping[str, Any]) -> dict[str, Any]:
+    """One dnf node's bill of materials: what dnf's transaction would install, each package
+    with its repository's URL and key from the node's .repo files (a package from
+    "@commandline" or a repository id no file names has none)."""
+    installs = parse_dnf_transaction(materials.get("dnf_transaction"))
+    arch = next((i["arch"] for i in installs if i["arch"] != "noarch"),
+                str(materials.get("arch") or "x86_64"))
+    repos = parse_repo_files(materials.get("dnf_repos"), arch)
+    named = {str(n) for n in materials.get("driver_packages") or []} | {
+        str(n) for n in materials.get("toolkit_packages") or []}
+    packages = []
+    for item in installs:
+        repo = repos.get(item["repository"])
+        packages.append({
+            **{k: item[k] for k in ("name", "version", "arch")},
+            "repository": repo["url"] if repo else None,
+            "key": repo["key"] if repo else None,
+            "named": item["name"] in named or any(n.startswith(item["name"] + "-")
+                                                  for n in named),
+        })
+    return {
+        "os": materials.get("os"),
+        "branch": materials.get("branch"),
+        "driver_source": materials.get("driver_source"),
+        "packages": packages,
+        # dnf fetches each repository's gpgkey itself: the mirror needs them.
+        "files": sorted({p["key"] for p in packages if p["key"]}),
     }
 
 
@@ -203,11 +301,13 @@ def from_playbook(doc: Mapping[str, Any], rc: int) -> dict[str, Any]:
     for host, materials in sorted(messages.items()):
         if host in reasons or not materials.get("has_gpu"):
             continue
-        if materials.get("apt_simulate") is None:
-            reasons[host] = (f"package manager {materials.get('package_manager')!r}: gpuprov "
-                             "bom resolves apt only so far")
-            continue
-        nodes[host] = node(materials)
+        if materials.get("apt_simulate") is not None:
+            nodes[host] = node(materials)
+        elif materials.get("dnf_transaction") is not None:
+            nodes[host] = node_dnf(materials)
+        else:
+            reasons[host] = (f"package manager {materials.get('package_manager')!r}: no apt "
+                             "or dnf answer for this node (gpuprov bom asks apt and dnf only)")
     image_list = images(objects, [smoke])
     return {"schema_version": SCHEMA_VERSION, "nodes": nodes,
             "undecided": dict(sorted(reasons.items())), "mirror": mirror(nodes, image_list),

@@ -11,9 +11,10 @@ output says which file was used. choose also names the version of the chosen bra
 fix of NVIDIA's security bulletins (gpuprov.nvidia.driver_advisories), the one to install.
 
 choose answers with gpu_preflight's own decision (gpuprov.nvidia.driver_branches.choose_branch:
-one decision, two callers): exit 0 a branch drives every GPU, 1 none can (the reason says
-why and what to do), 2 bad input (an OS name not like debian-12, a malformed ID, a pin that
-is not a number, an unknown source).
+one decision, two callers): exit 0 a branch drives every GPU, 1 none can, or the one that can
+is offered by the source only at a version below NVIDIA's fixes and --allow-vulnerable is not
+given (the reason says why and what to do), 2 bad input (an OS name not like debian-12, a
+malformed ID, a pin that is not a number, an unknown source).
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="classify GPUs the table lacks by their chip's name in this "
                         "pci.ids file, as gpu_preflight does with the node's (default: the "
                         f"machine's, {' or '.join(SYSTEM_PCI_IDS)})")
+    choose.add_argument("--allow-vulnerable", action="store_true",
+                        help="nvidia_driver_allow_vulnerable: accept a branch whose version from "
+                        "the source lacks fixes of NVIDIA's security bulletins (refused "
+                        "without it, as gpu_preflight refuses it)")
     choose.add_argument("--json", action="store_true", help="print a JSON object")
     choose.set_defaults(func=run_choose)
 
@@ -182,7 +187,7 @@ def run_choose(args: argparse.Namespace) -> int:
     try:
         choice = driver_branches.choose_branch(
             args.pci_ids, os_id, version, pinned_branch=args.pin, source=args.source,
-            chip_names=_chip_names(path, args.pci_ids))
+            chip_names=_chip_names(path, args.pci_ids), allow_vulnerable=args.allow_vulnerable)
     except ValueError as exc:  # hardware.InvalidPciId is one
         raise GpuprovError(str(exc), ExitCode.USAGE) from None
     doc = choice.to_dict()

@@ -61,7 +61,7 @@ import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuprov.nvidia import driver_lifecycle
+from gpuprov.nvidia import driver_advisories, driver_lifecycle
 from gpuprov.nvidia.hardware import NVIDIA_VENDOR_ID, Classification, classify, parse_pci_id
 
 # NVIDIA's open kernel modules are production quality for datacenter GPUs from R515.
@@ -73,9 +73,12 @@ class InstallableBranch:
     branch: int
     packages: str  # how the nvidia_driver role gets it on this OS
     open_kernel_modules: bool  # an open-module flavour exists for this branch on this OS
+    # The newest version the source offers, where gpuprov knows it ([debian]: checked with
+    # apt-cache policy; a repository that moves on, NVIDIA's, has None): what the node gets.
+    version: str | None = None
 
 
-def _branches(*rows: tuple[int, str, bool]) -> tuple[InstallableBranch, ...]:
+def _branches(*rows: tuple) -> tuple[InstallableBranch, ...]:
     return tuple(InstallableBranch(*row) for row in rows)
 
 
@@ -110,14 +113,14 @@ DEFAULT_SOURCE = {"debian": DISTRO, "ubuntu": DISTRO, "rhel": NVIDIA}
 # (os id, version, source) -> installable branches, oldest first.
 OS_BRANCHES: dict[tuple[str, str, str], tuple[InstallableBranch, ...]] = {
     ("debian", "12", DISTRO): _branches(
-        (470, "nvidia-tesla-470-* 470.256.02 (bookworm non-free)", False),
+        (470, "nvidia-tesla-470-* 470.256.02 (bookworm non-free)", False, "470.256.02"),
         (535, "nvidia-driver 535.261.03 / nvidia-open-kernel-dkms (bookworm non-free, contrib)",
-         True),
+         True, "535.261.03"),
     ),
     # trixie: nvidia-driver and nvidia-open-kernel-dkms 550.163.01; no nvidia-tesla-470.
     ("debian", "13", DISTRO): _branches(
         (550, "nvidia-driver 550.163.01 / nvidia-open-kernel-dkms (trixie non-free, contrib)",
-         True),
+         True, "550.163.01"),
     ),
     # [cuda-debian]: NVIDIA's repository for Debian 12 carries the branches since CUDA 12.3;
     # the one for Debian 13 starts with CUDA 13.0 (R580).
@@ -276,6 +279,7 @@ def choose_branch(
     source: str | None = None,
     today: datetime.date | None = None,
     chip_names: Mapping[str, str | None] | None = None,
+    allow_vulnerable: bool | None = None,
 ) -> BranchChoice:
     """Pick the node's driver branch: the pinned one if it drives every GPU and the OS can
     install it from the source, else the newest branch from the source that drives them all
@@ -286,7 +290,15 @@ def choose_branch(
     pci_ids are the node's PCI IDs ("10de:15f8"); devices of other vendors (a server's BMC
     VGA, say) are ignored. chip_names maps a PCI ID to its pci.ids name, which classifies a
     GPU the hardware table lacks by its chip's architecture (with a note that says so).
-    source is nvidia_driver_source (None: the OS's default). Raises ValueError
+    source is nvidia_driver_source (None: the OS's default).
+
+    Security (gpuprov/nvidia/driver_advisories.py): unpinned, a branch whose version from the
+    source is known to lack NVIDIA's fixes, or that gets no fixes any more, gives way to the
+    newest supported branch from the source that has them, where one drives every GPU. Where
+    the chosen branch's known version is below its fixed version, the choice fails unless
+    allow_vulnerable (nvidia_driver_allow_vulnerable) is True, which makes it a note; None
+    (a caller that only asks what gpu_preflight would choose) makes it a note too. Raises
+    ValueError
     (hardware.InvalidPciId) only for text that is not a PCI ID, a pinned branch that is not a
     number or not a released branch, or a source gpuprov does not know.
     """
@@ -362,11 +374,12 @@ def choose_branch(
     if chosen is None:
         if not fitting:
             return fail(_nothing_fits(known, offered, os_name, open_required), tuple(notes))
-        chosen, reason = _newest(fitting, os_name, today)
-        reason += f" (pinned {pin} cannot be used)" if pin is not None else ""
-    ending = eol_warning(chosen.branch, known, today)
-    if ending:
-        notes.append(ending)
+        chosen, reason = _prefer_fixed(*_newest(fitting, os_name, today), fitting, os_name,
+                                       today, notes, pin)
+    refused = _security_gate(chosen, (family, version, os_name), known, open_required, today,
+                             allow_vulnerable, notes)
+    if refused is not None:
+        return fail(refused, tuple(notes))
 
     open_ok = (chosen.open_kernel_modules and chosen.branch >= OPEN_MODULES_MIN_BRANCH
                and all(g.open_kernel_modules for g in known) and not unknown)
@@ -421,6 +434,100 @@ def _newest(fitting: list[InstallableBranch], os_name: str,
                                 f"installable on {os_name} that drives every GPU")
     return fitting[-1], (f"newest branch installable on {os_name} that drives every GPU "
                          "(none that NVIDIA still supports does)")
+
+
+def below_floor(offered: InstallableBranch, os_name: str) -> str | None:
+    """One line when the version the source offers for the branch is known and lacks fixes of
+    NVIDIA's bulletins for it; None otherwise (unknown version, or every fix)."""
+    if offered.version is None:
+        return None
+    found = driver_advisories.assess(offered.version)
+    if not found.vulnerable:
+        return None
+    return (f"{os_name}'s R{offered.branch} is {offered.version}, below its fixed version "
+            f"{found.install} ({found.below_text()})")
+
+
+def _unfixed(offered: InstallableBranch, os_name: str) -> str | None:
+    """Why the branch from this source lacks NVIDIA's fixes: its known version is below the
+    floor, or the branch gets no fixes from later bulletins (it ended); None where neither."""
+    below = below_floor(offered, os_name)
+    if below is not None:
+        return below
+    missed = driver_advisories.missed(offered.branch)
+    if missed:
+        return (f"R{offered.branch} gets no fixes from NVIDIA bulletin "
+                + ", ".join(str(b.bulletin) for b in missed))
+    return None
+
+
+def _security_gate(chosen: InstallableBranch, where: tuple[str, str, str],
+                   known: list[Classification],
+                   open_required: bool, today: datetime.date, allow_vulnerable: bool | None,
+                   notes: list[str]) -> str | None:
+    """Notes on the chosen branch (its end of life, its fixes), and why the choice fails: the
+    source's known version of the branch lacks NVIDIA's fixes and the admin did not accept it
+    (allow_vulnerable False); accepted or not asked, a note."""
+    ending = eol_warning(chosen.branch, known, today)
+    if ending:
+        notes.append(ending)
+    family, version, os_name = where
+    below = below_floor(chosen, os_name)
+    if below is None:
+        return None
+    if allow_vulnerable is False:
+        return (f"{below}; {_fixed_elsewhere(family, version, known, open_required, today)}, "
+                "or set nvidia_driver_allow_vulnerable: true to accept the risk")
+    notes.append(f"security: {below}"
+                 + (" (accepted: nvidia_driver_allow_vulnerable)" if allow_vulnerable else ""))
+    return None
+
+
+def _prefer_fixed(chosen: InstallableBranch, reason: str, fitting: list[InstallableBranch],
+                  os_name: str, today: datetime.date, notes: list[str],
+                  pin: int | None) -> tuple[InstallableBranch, str]:
+    """The newest fitting branch (a pin could not be used: said in the reason), or, unpinned,
+    the newest supported fitting branch with NVIDIA's fixes where that one lacks them (a note
+    says why)."""
+    if pin is not None:
+        return chosen, f"{reason} (pinned {pin} cannot be used)"
+    fixed = _fixed_instead(chosen, fitting, today)
+    if fixed is None:
+        return chosen, reason
+    notes.append(f"security: {_unfixed(chosen, os_name)}: chose R{fixed.branch}, the newest "
+                 "supported branch with NVIDIA's fixes")
+    return fixed, (f"newest branch with NVIDIA's security fixes installable on {os_name} that "
+                   "drives every GPU")
+
+
+def _fixed_instead(chosen: InstallableBranch, fitting: list[InstallableBranch],
+                   today: datetime.date) -> InstallableBranch | None:
+    """The newest fitting branch NVIDIA supports whose offered version has every fix, where
+    the chosen one lacks some; None where the chosen one has them or no other does."""
+    if _unfixed(chosen, "") is None:
+        return None
+    supported = {b.branch for b in driver_lifecycle.supported(today)}
+    fixed = [b for b in fitting if b.branch in supported and _unfixed(b, "") is None]
+    return fixed[-1] if fixed else None
+
+
+def _fixed_elsewhere(family: str, version: str, known: list[Classification],
+                     open_required: bool, today: datetime.date) -> str:
+    """What to do about a known-vulnerable branch: the newest fixed branch another source of
+    this OS offers for these GPUs, or a branch pin."""
+    supported = {b.branch for b in driver_lifecycle.supported(today)}
+    for (f, v, src), branches in OS_BRANCHES.items():
+        if (f, v) != (family, version):
+            continue
+        fixed = [b for b in branches if b.branch in supported and _unfixed(b, "") is None
+                 and all(g.supports_branch(b.branch) for g in known)
+                 and (b.open_kernel_modules or not open_required)]
+        if fixed:
+            found = driver_advisories.floor(fixed[-1].branch)
+            floor = f", {found[0]} or newer" if found else ""
+            return f"set nvidia_driver_source: {src} (it offers R{fixed[-1].branch}{floor})"
+    return (f"no driver source gpuprov knows for {family} {version} offers a fixed branch for "
+            "these GPUs")
 
 
 def eol_warning(branch: int, gpus: Iterable[Classification],

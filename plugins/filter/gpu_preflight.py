@@ -50,18 +50,21 @@ def gpuprov_probe_gpus(pci: Any) -> list[dict]:
 
 def gpuprov_choose_branch(
     pci_ids: Any, os_id: str, os_version: str, pinned_branch: Any = None, source: Any = None,
-    chip_names: Any = None,
+    chip_names: Any = None, allow_vulnerable: Any = None,
 ) -> dict:
     """The driver branch for a node with these GPUs on this OS, from the driver source
     (nvidia_driver_source; None: the OS's default). chip_names: PCI ID -> the node's pci.ids
-    name, for GPUs the hardware table lacks."""
+    name, for GPUs the hardware table lacks. allow_vulnerable: nvidia_driver_allow_vulnerable
+    (a branch whose version from the source lacks NVIDIA's fixes is refused without it)."""
     branches = support.gpuprov("nvidia.driver_branches")
     ids = [str(i) for i in support.items(pci_ids, "gpuprov_choose_branch", PCI_IDS)]
     # Inventory values arrive as Ansible's own str/int subclasses; gpuprov wants plain ones.
     choice = support.reported("gpuprov_choose_branch", lambda: branches.choose_branch(
         ids, str(os_id), str(os_version), pinned_branch=support.text(pinned_branch),
         source=support.text(source),
-        chip_names={str(k): support.text(v) for k, v in dict(chip_names or {}).items()}),
+        chip_names={str(k): support.text(v) for k, v in dict(chip_names or {}).items()},
+        allow_vulnerable=None if allow_vulnerable is None
+        else support.flag(allow_vulnerable, "nvidia_driver_allow_vulnerable")),
         (Exception,))
     return support.stage("gpu_preflight").as_dict(choice)
 

@@ -123,7 +123,8 @@ def test_from_playbook_decides_nodes_and_says_why_others_are_undecided():
     assert result["undecided"] == {
         "gpu-k": "gpu_preflight : Assert that a driver branch drives the GPUs: gpu-k: Tesla "
                  "K80 needs branch <= 470 ...",
-        "gpu-r": "package manager 'dnf': gpuprov bom resolves apt only so far",
+        "gpu-r": "package manager 'dnf': no apt or dnf answer for this node (gpuprov bom asks "
+                 "apt and dnf only)",
         "gpu-x": "unreachable: ssh: connect to host: Connection refused"}
     mirror = result["mirror"]
     # Two nodes, one list: each package and repository once.

@@ -136,7 +136,8 @@ def test_choose_refuses_bad_input_with_exit_2(capsys, argv, words):
 
 def test_choose_notes_a_branch_past_nvidias_end_of_life(capsys):
     # Pascal on Debian 12's archive: 535, whose end of life was June 2026.
-    rc, doc, _ = _choose(capsys, "--os", "debian-12", "--pci-id", "10de:15f8", "--json")
+    rc, doc, _ = _choose(capsys, "--os", "debian-12", "--pci-id", "10de:15f8",
+                         "--allow-vulnerable", "--json")
     assert rc == 0 and doc["branch"] == 535
     assert any("R535 (long term support branch) reached NVIDIA's end of life 2026-06" in note
                and "R580 (LTSB, to 2028-06)" in note for note in doc["notes"])
@@ -198,7 +199,32 @@ def test_choose_names_the_branchs_security_floor(capsys):
     assert doc["security"]["bulletin"] == 5861 and doc["security"]["missed"] == []
     # Debian 12's archive: R535, whose last fixes (5821) the archive's 535.261.03 lacks, and
     # which no later bulletin lists.
-    rc, out, _ = _choose(capsys, "--os", "debian-12", "--pci-id", "10de:15f8")
+    rc, out, _ = _choose(capsys, "--os", "debian-12", "--pci-id", "10de:15f8",
+                         "--allow-vulnerable")
+    assert rc == 0
+    assert "security: debian 12's R535 is 535.261.03, below its fixed version 535.309.01 " \
+           "(bulletin 5703" in out and "(accepted: nvidia_driver_allow_vulnerable)" in out
     assert "security: install 535.309.01 or newer (R535's fixes up to NVIDIA bulletin 5821, " \
            "2026-05-19)" in out
     assert "security: R535 gets no fixes from NVIDIA bulletin 5861 (2026-09-30)" in out
+
+
+def test_choose_refuses_a_source_version_below_nvidias_fixes(capsys):
+    # Debian 12's archive offers R535 only at 535.261.03: refused, with the way out (NVIDIA's
+    # repository for Debian 12 has R580 at its fixed version) and the opt-in.
+    rc, doc, err = _choose(capsys, "--os", "debian-12", "--pci-id", "10de:2330", "--json")
+    assert rc == 1 and doc["ok"] is False and doc["branch"] is None
+    assert doc["reason"].startswith("debian 12's R535 is 535.261.03, below its fixed version "
+                                    "535.309.01 (bulletin 5703 (2025-10-09")
+    assert "set nvidia_driver_source: nvidia (it offers R" in doc["reason"]
+    assert err.count("\n") == 1 and doc["reason"] in err
+    # From NVIDIA's repository the version is not known in advance: chosen, nothing refused.
+    rc, doc, _ = _choose(capsys, "--os", "debian-12", "--source", "nvidia", "--pci-id",
+                         "10de:2330", "--json")
+    assert rc == 0 and doc["ok"] and not any(n.startswith("security: debian 12")
+                                             for n in doc["notes"])
+    # Debian 13's archive has R550 at 550.163.01, its last fix: not below it, but R550 ended:
+    # said, not refused.
+    rc, doc, _ = _choose(capsys, "--os", "debian-13", "--pci-id", "10de:2330", "--json")
+    assert rc == 0 and doc["branch"] == 550
+    assert doc["security"]["missed"] == [5670, 5703, 5747, 5821, 5861]

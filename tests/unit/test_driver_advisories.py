@@ -21,6 +21,9 @@ PLATFORM = re.compile(r"Linux\(R(\d+)\)")
 FIXED = re.compile(r"^All driver versions? prior to (\d+\.\d+(?:\.\d+)?)$")
 # Bulletins no kept index lists: the index's 2026/README.md ends 2026-08-04.
 NOT_IN_README = {5861}
+# Bulletins whose every CVE is read from the bulletin's own markdown (its Details and Security
+# Updates tables), trimmed to the rows the table needs; the README there says how.
+TRIMMED = {5861: RECORDS / "2026" / "5861" / "5861.trimmed.md"}
 # The stored index holds no 2024/README.md that lists 2024's driver bulletins (its versions end
 # with November's, without them): their titles and CVE lists are checked against each bulletin's
 # own README.md (2024/<bulletin>/README.md), which gives no date. Their dates are NOT checked
@@ -70,13 +73,34 @@ def _readme_rows() -> dict[int, tuple[str, str | None, list[str]]]:
     return rows
 
 
+def _trimmed(path: Path) -> tuple[dict[str, tuple[float, str]], dict[str, dict[int, str]]]:
+    """(CVE -> (base score, severity)) from the Details rows and (CVE -> branch -> first fixed
+    version) from the Security Updates rows of product Tesla on Linux(R<branch>)."""
+    scores: dict[str, tuple[float, str]] = {}
+    fixed: dict[str, dict[int, str]] = {}
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not cells[0].startswith("CVE-"):
+            continue
+        if len(cells) == 3:
+            scores[cells[0]] = (float(cells[1]), cells[2].lower())
+            continue
+        cve, product, platform, affected, updated = cells
+        match = PLATFORM.fullmatch(platform)
+        assert product == "Tesla" and match, line
+        fixed_in = FIXED.match(affected)
+        assert fixed_in and fixed_in.group(1) == updated, line
+        fixed.setdefault(cve, {})[int(match.group(1))] = updated
+    return scores, fixed
+
+
 TABLE = {b.bulletin: b for b in adv.BULLETINS}
 TABLE_CVES = {c.cve: (b, c) for b in adv.BULLETINS for c in b.cves}
 
 
 def test_the_fixtures_are_nvidias_records_unchanged():
     records = _records()
-    assert len(records) >= len(TABLE_CVES)
+    assert len(records) >= len([c for c, (b, _) in TABLE_CVES.items() if b.bulletin not in TRIMMED])
     for path in records:
         published = path.with_name(path.name + ".sha256").read_text().split()[0]
         assert hashlib.sha256(path.read_bytes()).hexdigest() == published, path
@@ -105,9 +129,34 @@ def test_every_record_with_a_datacenter_linux_entry_is_in_the_table_as_it_reads(
 
 def test_every_cve_in_the_table_cites_a_recorded_file():
     recorded = {p.stem: p for p in _records()}
+    trimmed = {n: set(_trimmed(p)[1]) for n, p in TRIMMED.items()}
     for cve, (bulletin, _) in TABLE_CVES.items():
+        if cve in trimmed.get(bulletin.bulletin, ()):
+            continue
         assert cve in recorded, f"{cve} (bulletin {bulletin.bulletin}) has no record"
         assert recorded[cve].parent.name == str(bulletin.bulletin)
+
+
+@pytest.mark.parametrize("bulletin", sorted(TRIMMED))
+def test_a_trimmed_bulletin_is_in_the_table_as_it_reads(bulletin):
+    """Every CVE of the bulletin with a Tesla Linux row is in the table with those fixed versions
+    and the Details table's score and severity; no other CVE of it is."""
+    scores, fixed = _trimmed(TRIMMED[bulletin])
+    assert len(scores) == 114 and len(fixed) == 80  # as counted in 5861.md
+    assert set(fixed) <= set(scores)
+    row = TABLE[bulletin]
+    assert row.complete
+    assert {c.cve: dict(c.fixed) for c in row.cves} == fixed
+    assert {c.cve: (c.score, c.severity) for c in row.cves} == {c: scores[c] for c in fixed}
+
+
+def test_a_trimmed_bulletin_agrees_with_its_kept_records():
+    for bulletin, path in TRIMMED.items():
+        _, fixed = _trimmed(path)
+        kept = [p for p in _records() if p.parent.name == str(bulletin)]
+        assert kept
+        for record in kept:
+            assert _datacenter_linux(json.loads(record.read_text())) == fixed[record.stem]
 
 
 def test_bulletins_as_nvidias_index_lists_them():
@@ -115,7 +164,7 @@ def test_bulletins_as_nvidias_index_lists_them():
     for bulletin in adv.BULLETINS:
         if bulletin.bulletin in NOT_IN_README:
             assert bulletin.bulletin not in rows
-            assert not bulletin.complete  # only the records read are named
+            assert bulletin.bulletin in TRIMMED  # read whole from its own markdown instead
             continue
         title, date, cves = rows[bulletin.bulletin]
         assert bulletin.title == title
@@ -191,6 +240,23 @@ def test_an_ended_branch_below_its_last_floor_is_vulnerable_and_misses_the_rest(
 def test_a_branch_no_bulletin_lists_and_still_supported_has_nothing_to_say():
     a = adv.assess("620.10.01")
     assert (a.below, a.missed, a.install) == ((), (), None)
+
+
+def test_a_long_cve_list_is_cut_and_says_how_many_more():
+    b = TABLE[5861]
+    assert b.cve_list(580) == (f"{b.cves_for(580)[0]}, {b.cves_for(580)[1]}, "
+                               f"{b.cves_for(580)[2]} and {len(b.cves_for(580)) - 3} more")
+    assert len(b.cves_for(580)) == 78 and len(b.cves_for(595)) == 80
+    # Lists up to the bound are whole: 5821's eleven for R580.
+    assert TABLE[5821].cve_list(580) == ", ".join(TABLE[5821].cves_for(580))
+    # Every CVE is still there for --json and the details.
+    assert len(adv.assess("580.105.08").cves()) == 2 + 11 + 78
+
+
+def test_the_message_of_a_branch_below_every_fix_fits_a_condition():
+    # The health agent's condition message holds 1024 characters; x.0.0 lacks every fix.
+    for branch in {br for b in adv.BULLETINS for br in b.fixed}:
+        assert len(adv.assess(f"{branch}.0.0").below_text()) < 1024, branch
 
 
 def test_not_a_version():

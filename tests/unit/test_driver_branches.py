@@ -320,3 +320,38 @@ def test_decision_table(key) -> None:
             assert "only with NVIDIA's open kernel modules" in choice.reason
         if mix in ("hopper", "blackwell") and expected:
             assert choice.open_kernel_modules
+
+
+def _source_with(*rows: tuple) -> dict:
+    """A driver source for Debian 12 whose versions are known (as Debian's archive is)."""
+    return {**driver_branches.OS_BRANCHES,
+            ("debian", "12", "distro"): driver_branches._branches(*rows)}
+
+
+def test_unpinned_a_branch_below_its_fixes_gives_way_to_a_fixed_one():
+    # A source whose newest branch (R595 at 595.71.05) lacks bulletin 5861's fix while R580
+    # there has it: R580 is chosen, and a note says why.
+    rows = ((580, "r580", True, "580.178.04"), (595, "r595", True, "595.71.05"))
+    with mock.patch.dict(driver_branches.OS_BRANCHES, _source_with(*rows)):
+        choice = choose_branch([H100], "Debian", "12", today=TODAY, allow_vulnerable=False)
+        assert choice.ok and choice.branch == 580
+        assert choice.reason.startswith("newest branch with NVIDIA's security fixes")
+        assert any(n.startswith("security: debian 12's R595 is 595.71.05, below its fixed "
+                                "version 595.91.07 (bulletin 5861") and n.endswith("chose R580, "
+                                "the newest supported branch with NVIDIA's fixes")
+                   for n in choice.notes), choice.notes
+        # A pin is the admin's: kept, and refused for its version without the opt-in.
+        pinned = choose_branch([H100], "Debian", "12", pinned_branch=595, today=TODAY,
+                               allow_vulnerable=False)
+        assert not pinned.ok and pinned.reason.startswith("debian 12's R595 is 595.71.05")
+        accepted = choose_branch([H100], "Debian", "12", pinned_branch=595, today=TODAY,
+                                 allow_vulnerable=True)
+        assert accepted.ok and accepted.branch == 595
+
+
+def test_a_known_version_at_its_fixes_is_chosen_without_a_security_note():
+    rows = ((580, "r580", True, "580.178.04"),)
+    with mock.patch.dict(driver_branches.OS_BRANCHES, _source_with(*rows)):
+        choice = choose_branch([H100], "Debian", "12", today=TODAY, allow_vulnerable=False)
+    assert choice.ok and choice.branch == 580
+    assert not any(n.startswith("security:") for n in choice.notes)

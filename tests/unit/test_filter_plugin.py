@@ -298,10 +298,14 @@ def failed_task(doc: dict, host: str) -> tuple[str, str]:
     raise AssertionError(f"{host} did not fail")
 
 
+# Debian 12's own R535 (535.261.03) lacks NVIDIA's later fixes: the nodes that get it accept
+# the risk, as the lab's Debian 12 nodes do (gpuprov/lab/lab.py); gpu-unaccepted does not.
+ACCEPTED = {"nvidia_driver_allow_vulnerable": True}
 DEBIAN_LAB = {
-    "gpu-pascal": {"group": "gpu_nodes", "sysfs": "p100x4"},
+    "gpu-pascal": {"group": "gpu_nodes", "sysfs": "p100x4", "vars": ACCEPTED},
     "gpu-kepler": {"group": "gpu_nodes", "sysfs": "k80x2", "vars": {"nvidia_driver_branch": 535}},
-    "gpu-hopper": {"group": "gpu_nodes", "sysfs": "h100x8"},
+    "gpu-hopper": {"group": "gpu_nodes", "sysfs": "h100x8", "vars": ACCEPTED},
+    "gpu-unaccepted": {"group": "gpu_nodes", "sysfs": "h100x8"},
     "gpu-mixed": {"group": "gpu_nodes", "sysfs": "k80_h100"},
     "gpu-empty": {"group": "gpu_nodes", "sysfs": "no_gpu"},
     "cpu-only": {"group": "cpu_nodes", "sysfs": "no_gpu"},
@@ -350,6 +354,7 @@ def test_bad_nodes_fail_alone(debian_run):
         "gpu-pascal": 0,
         "gpu-kepler": 0,
         "gpu-hopper": 0,
+        "gpu-unaccepted": 1,
         "gpu-mixed": 1,
         "gpu-empty": 1,
         "gpu-oldpython": 1,
@@ -415,6 +420,28 @@ def test_unsatisfiable_node_fails_with_its_gpus_and_reason(debian_run):
         "gpu-mixed: 2x Tesla K80 (kepler, cc 3.7), 1x NVIDIA H100 80GB HBM3 (hopper, cc 9.0) "
         f"on Debian 12: {expected}"
     )
+
+
+def test_a_branch_below_nvidias_fixes_fails_unless_accepted(debian_run):
+    _, doc = debian_run
+    task, msg = failed_task(doc, "gpu-unaccepted")
+    assert task == "Assert that a driver branch installable on this OS supports all GPUs"
+    expected = filters.gpuprov_choose_branch([H100], "debian", "12", None, None, {},
+                                             False)["reason"]
+    assert f"on Debian 12: {expected}" in msg
+    assert expected.startswith("debian 12's R535 is 535.261.03, below its fixed version "
+                               "535.309.01 (bulletin 5703")
+    # NVIDIA's repository for Debian 12 has R620, NVIDIA's newest supported branch, which no
+    # bulletin lists yet (so no fixed version to name).
+    assert expected.endswith("set nvidia_driver_source: nvidia (it offers R620), or set "
+                             "nvidia_driver_allow_vulnerable: true to accept the risk")
+    accepted = filters.gpuprov_choose_branch([H100], "debian", "12", None, None, {}, "yes")
+    assert accepted["ok"] and accepted["branch"] == 535
+    assert any(n.endswith("(accepted: nvidia_driver_allow_vulnerable)")
+               for n in accepted["notes"])
+    with pytest.raises(AnsibleFilterError, match="nvidia_driver_allow_vulnerable must be true "
+                                                 "or false"):
+        filters.gpuprov_choose_branch([H100], "debian", "12", None, None, {}, "maybe")
 
 
 def test_gpu_node_without_gpus_fails(debian_run):

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 
+from gpuprov.nvidia import driver_advisories
 from gpuprov.stages import nvidia_driver
 
 VARS = Path(__file__).resolve().parents[2] / "roles" / "nvidia_driver" / "vars"
@@ -143,7 +144,9 @@ def test_a_pin_below_the_security_floor_is_refused_before_any_change(driver, ver
     plan = driver.gpuprov_driver_plan(_cuda_settings(version=version))
     assert plan["problem"].startswith(f"gpu-a: nvidia_driver_version {version} is below "
                                       "R580's fixed version 580.178.04 (bulletin ")
-    assert "CVE-2026-47501" in plan["problem"]
+    # The bulletins and CVEs as the advisories table names them (its own test checks it).
+    assert driver_advisories.assess(version).below_text() in plan["problem"]
+    assert "CVE-2026-47489" in plan["problem"]  # 5861's first, by id
     assert plan["problem"].endswith("Set nvidia_driver_version to 580.178.04 or newer (or unset "
                                     "it: the branch's newest), or set "
                                     "nvidia_driver_allow_vulnerable: true to accept the risk.")

@@ -102,8 +102,8 @@ def test_branch_eol(monkeypatch, name, version, day, status, words):
     ("gpu-hopper", "580.105.08", False, FAIL,
      "driver 580.105.08 is below R580's fixed version 580.178.04: bulletin 5747 (2026-01-28, "
      "high 7.8: CVE-2025-33219, CVE-2025-33220); bulletin 5821"),
-    ("gpu-hopper", "580.105.08", False, FAIL, "CVE-2026-47501 and others); install 580.178.04 "
-                                              "or newer"),
+    ("gpu-hopper", "580.105.08", False, FAIL, "bulletin 5861 (2026-09-30, high 7.8: "
+     "CVE-2026-47489, CVE-2026-47491, CVE-2026-47492 and 75 more); install 580.178.04 or newer"),
     ("gpu-hopper", "580.159.03", False, FAIL, "bulletin 5861 (2026-09-30"),
     # At the floor, and above it.
     ("gpu-hopper", "580.178.04", False, PASS,
