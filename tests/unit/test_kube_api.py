@@ -14,21 +14,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError, UnprocessibleEntityError
 
 from gpuprov.lab.kube.resources import GIT_VERSION
-from gpuprov.lab.kube.testing import running_emulator, wait_for
-
-
-@pytest.fixture(scope="module")
-def emulator():
-    with running_emulator() as emu:
-        yield emu
-
-
-@pytest.fixture(scope="module")
-def api(emulator):
-    cfg = client.Configuration()
-    cfg.host = emulator.url
-    with client.ApiClient(cfg) as api_client:
-        yield api_client
+from gpuprov.lab.kube.testing import wait_for
 
 
 @pytest.fixture(scope="module")

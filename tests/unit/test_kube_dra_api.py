@@ -17,21 +17,6 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpuprov import manifests
-from gpuprov.lab.kube.testing import running_emulator
-
-
-@pytest.fixture(scope="module")
-def emulator():
-    with running_emulator() as emu:
-        yield emu
-
-
-@pytest.fixture(scope="module")
-def api(emulator):
-    cfg = client.Configuration()
-    cfg.host = emulator.url
-    with client.ApiClient(cfg) as api_client:
-        yield api_client
 
 
 @pytest.fixture(scope="module")

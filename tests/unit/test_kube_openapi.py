@@ -13,15 +13,8 @@ import yaml
 
 from gpuprov.lab.kube import openapi, resources, schema
 from gpuprov.lab.kube.protostubs import load
-from gpuprov.lab.kube.testing import running_emulator
 
 POD = "io.k8s.api.core.v1.Pod"
-
-
-@pytest.fixture(scope="module")
-def emulator():
-    with running_emulator() as emu:
-        yield emu
 
 
 def get(emulator, path: str, accept: str = "application/json"):
