@@ -34,6 +34,7 @@ from conftest import (
     kube_api,
     node_target,
     playbook_failures,
+    recheck_health,
     run_playbook,
     start_playbook,
     temporary_lab,
@@ -337,6 +338,10 @@ def faulted_run(upgrade_lab, blocked_run):
         _report_rollout("upgrade-driver.yml with a verify fault", started, doc)
     finally:
         upgrade_lab.fault(node, fault, clear=True)
+    # The admin's fix: the ECC errors are gone, and the node's health agent, which saw them
+    # (GPUFault; verify's k8s.health), checks again until it clears, as the rerun's verify
+    # needs (systemctl reload: a check now, not in a minute).
+    recheck_health(upgrade_lab, [node])
     return rc, doc
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -28,8 +29,15 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.path = path
 
     def connect(self) -> None:
+        # The path is longer than a socket address may be: connect through the directory's
+        # descriptor, as the server bound it.
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(self.path)
+        directory, name = os.path.split(self.path)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self.sock.connect(f"/proc/self/fd/{fd}/{name}")
+        finally:
+            os.close(fd)
 
 
 def call(path: str, method: str, url: str, body: dict | None = None,
@@ -45,8 +53,12 @@ def call(path: str, method: str, url: str, body: dict | None = None,
 
 @pytest.fixture
 def node_socket(tmp_path: Path):
+    # Deeper than a socket address may be (107 bytes), as a lab under pytest's temp dir is.
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
     with running_emulator() as emu:
-        path = str(tmp_path / "apiserver.sock")
+        path = str(deep / "apiserver.sock")
+        assert len(path) > 107
         emu.server.serve_node_socket(path, "gpu-pascal")
         yield emu, path
 
@@ -109,7 +121,12 @@ def test_the_agents_client_through_systemd_socket_proxyd(node_socket):
     with socket.socket() as probe:  # a free port on loopback for the proxy to listen on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    proxy = subprocess.Popen([ACTIVATE, "-l", f"127.0.0.1:{port}", PROXYD, path],
+    # In a lab node the proxy's path is short (/opt/gpuprov-sim/api/...); here it goes through
+    # this process's descriptor of the deep directory.
+    directory, name = os.path.split(path)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    proxy = subprocess.Popen([ACTIVATE, "-l", f"127.0.0.1:{port}", PROXYD,
+                              f"/proc/{os.getpid()}/fd/{fd}/{name}"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         client = Client({"server": f"http://127.0.0.1:{port}"}, "gpu-pascal")
@@ -132,6 +149,7 @@ def test_the_agents_client_through_systemd_socket_proxyd(node_socket):
     finally:
         proxy.terminate()
         proxy.wait(timeout=10)
+        os.close(fd)
     _, node = call(path, "GET", "/api/v1/nodes/gpu-pascal")
     fault = [c for c in node["status"]["conditions"] if c["type"] == "gpuprov.io/GPUFault"]
     assert fault and fault[0]["status"] == "True"

@@ -60,6 +60,7 @@ class _NodeServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     api: ApiServer
     node_identity: str
+    path: str  # where the socket is (server_address is the descriptor path it was bound by)
 
 
 class ApiServer:
@@ -82,8 +83,16 @@ class ApiServer:
         as a real API server takes it from the kubelet's client certificate."""
         if os.path.exists(path):
             os.unlink(path)  # left by an API server that was killed
-        server = _NodeServer(path, _Handler)
-        server.api, server.node_identity = self, node
+        # A socket's address is at most 107 bytes, and a lab under pytest's temporary
+        # directory is deeper than that: bind through the directory's descriptor
+        # (/proc/self/fd/N/NAME, a short path to the same directory).
+        directory, name = os.path.split(path)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            server = _NodeServer(f"/proc/self/fd/{fd}/{name}", _Handler)
+        finally:
+            os.close(fd)
+        server.api, server.node_identity, server.path = self, node, path
         os.chmod(path, 0o666)  # connect() needs write permission on the socket
         self._node_servers.append(server)
         threading.Thread(target=server.serve_forever, name=f"kube-api-{node}",
@@ -111,7 +120,7 @@ class ApiServer:
             server.shutdown()
             server.server_close()
             with contextlib.suppress(OSError):
-                os.unlink(server.server_address)  # type: ignore[arg-type]
+                os.unlink(server.path)
 
 
 

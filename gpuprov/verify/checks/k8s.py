@@ -229,7 +229,9 @@ def _plain(value: Any) -> Any:
     description="the node's gpuprov health agent reports no problem (no gpuprov.io/ condition "
     "True)",
     remediation="gpuprov health show; the condition's message names the GPU, the evidence and "
-    "the action; after fixing an XID fault: gpuprov health ack NODE --reason TEXT",
+    "the action; after fixing an XID fault: gpuprov health ack NODE --reason TEXT; another "
+    "problem clears after passing checks (systemctl reload gpuprov-health-agent on the node "
+    "checks at once)",
 )
 def health(facts: ClusterFacts) -> Verdict:
     from gpuprov.health import fleet
