@@ -162,7 +162,10 @@ def _event(core: Any, node: str, reason: str, message: str, now: float) -> None:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
     core.create_namespaced_event("default", client.CoreV1Event(
         metadata=client.V1ObjectMeta(generate_name=f"{node}.gpuprov-"),
-        involved_object=client.V1ObjectReference(kind="Node", name=node, api_version="v1"),
+        # uid = the node's name, as the kubelet sets it on node events and as `kubectl
+        # describe node` searches them (kubectl describe.go: ref.UID = types.UID(ref.Name)).
+        involved_object=client.V1ObjectReference(kind="Node", name=node, uid=node,
+                                                 api_version="v1"),
         reason=reason, message=message[:1000], type="Warning" if reason != "GpuprovRelease"
         else "Normal", source=client.V1EventSource(component=EVENT_SOURCE),
         first_timestamp=stamp, last_timestamp=stamp, count=1))

@@ -161,6 +161,12 @@ def test_show_remediate_ack_round_trip(tmp_path, capsys):
         events = Client({"server": emu.url}, "x")._request(
             "GET", "/api/v1/namespaces/default/events")["items"]
         assert {e["reason"] for e in events} >= {"GpuprovCordon", "GpuprovRelease"}
+        # found as `kubectl describe node` searches a node's events (by the uid the kubelet
+        # gives them: the node's name)
+        found = Client({"server": emu.url}, "x")._request(
+            "GET", f"/api/v1/events?fieldSelector=involvedObject.kind%3DNode,involvedObject."
+            f"name%3D{cordoned},involvedObject.uid%3D{cordoned}")["items"]
+        assert "GpuprovCordon" in {e["reason"] for e in found}
         # ack writes the dated annotation the agent reads
         assert main(["health", "ack", "gpu-pascal", "--kubeconfig", kubeconfig,
                      "--reason", "reseated"]) == 0
