@@ -357,10 +357,11 @@ class Agent:
             faults = json.dumps(hs.fault_records(self.state, self._gpu_index()),
                                 sort_keys=True, separators=(",", ":"))
             try:
-                self.client.patch_conditions(body)
+                # The full list first: whoever reads a condition True finds its faults there.
                 if faults != self.published_faults:
                     self.client.patch_annotation(hs.FAULTS_ANNOTATION, faults)
                     self.published_faults = faults
+                self.client.patch_conditions(body)
             except KubeError as exc:
                 log.warning("cannot publish conditions: %s", exc)
                 return  # published stays stale: the next batch or cycle tries again
