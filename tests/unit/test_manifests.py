@@ -4,15 +4,12 @@ refused with one line and exit 2."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
+from ansible_render import objects_by_ansible
 
 from gpuprov import cli, manifests
 
@@ -216,23 +213,10 @@ def test_role_defaults_and_argument_specs_list_the_same_settings():
 
 def test_ansible_renders_the_same_objects(tmp_path):
     """The role's lookup of the same template, with the same values, gives the same objects."""
-    playbook_bin = Path(sys.executable).parent / "ansible"
-    if not playbook_bin.exists():
-        pytest.skip("ansible is not installed next to this Python")
     values = values_file(tmp_path, TIME_SLICED)
     template = ROOT / "templates" / manifests.DEVICE_PLUGIN_TEMPLATE
-    out = tmp_path / "rendered.json"
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-           "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False"}
-    proc = subprocess.run(
-        [str(playbook_bin), "localhost", "-c", "local", "-m", "ansible.builtin.copy",
-         "-e", f"@{ROLE / 'defaults' / 'main.yml'}", "-e", f"@{values}",
-         "-e", f"ansible_python_interpreter={sys.executable}",
-         "-a", f"dest={out} content={{{{ lookup('ansible.builtin.template', '{template}')"
-               " | ansible.builtin.from_yaml_all | select | list | to_json }}"],
-        capture_output=True, text=True, env=env, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert json.loads(out.read_text()) == manifests.device_plugin(values)
+    assert objects_by_ansible(tmp_path, template, ROLE / "defaults" / "main.yml", values) \
+        == manifests.device_plugin(values)
 
 
 def test_cli_prints_the_objects_as_multi_document_yaml(capsys):
