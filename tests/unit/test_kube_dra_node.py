@@ -19,7 +19,7 @@ import pytest
 
 from gpuprov import manifests
 from gpuprov.lab import profiles
-from gpuprov.lab.kube import draplugin
+from gpuprov.lab.kube import draplugin, faults
 from gpuprov.lab.kube.registry import NODES, PODS, R
 from gpuprov.lab.kube.testing import default_lab_backend, fake_uuids, running_emulator, wait_for
 from tests.unit.test_verify_pods import FAKE_NVIDIA_SMI
@@ -48,11 +48,12 @@ def bindir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def emu(bindir):
+def emu(bindir, tmp_path_factory):
     backend = default_lab_backend()
+    state_dir = tmp_path_factory.mktemp("state")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-        with running_emulator(backend) as emulator:
+        with running_emulator(backend, state_dir) as emulator:
             reg = emulator.registry
             wait_for(lambda: len(reg.list(NODES)[0]) == 4, "the nodes")
             for node in EXPECTED:
@@ -66,6 +67,7 @@ def emu(bindir):
                     reg.create(R[obj["kind"]], obj["metadata"].get("namespace", ""), obj)
             wait_for(lambda: len(reg.list(SLICES)[0]) == 3, "a slice per DRA node")
             emulator.backend = backend
+            emulator.state_dir = state_dir
             yield emulator
 
 
@@ -195,3 +197,57 @@ def test_prepare_waits_for_the_plugin_and_slices_go_with_it(emu):
     wait_for(lambda: not reg.list(SLICES, field_selector="spec.nodeName=gpu-kepler")[0],
              "gpu-kepler's slice to go with its plugin")
     assert len(reg.list(SLICES)[0]) == 2
+
+
+PASCAL_ONE = "device.attributes['gpu.nvidia.com'].productName == 'Tesla P100-PCIE-16GB'"
+
+
+def _events(reg, pod: str, reason: str) -> list[str]:
+    return [e["message"] for e in reg.list(R["Event"], "default")[0]
+            if e["involvedObject"]["name"] == pod and e["reason"] == reason]
+
+
+@pytest.mark.parametrize(("fault", "words"), [
+    ("dra-plugin-unregistered", "DRA driver gpu.nvidia.com is not registered"),
+    ("dra-prepare-fails", "prepare devices failed"),
+])
+def test_a_failed_prepare_keeps_the_pod_pending_with_the_kubelets_event(emu, fault, words):
+    reg = emu.registry
+    name = f"pf-{fault.split('-')[1]}"
+    if reg.find(R["ResourceClaimTemplate"], "default", "one-p100") is None:
+        _template(reg, "default", "one-p100", 1, PASCAL_ONE)
+    faults.set_fault(emu.state_dir, "gpu-pascal", fault)
+    try:
+        _pod(reg, "default", name, "one-p100")
+        message = wait_for(lambda: _events(reg, name, "FailedPrepareDynamicResources"),
+                           "the kubelet's event")[0]
+        claim = _claim_of(reg, "default", name)
+        assert message == (f"Failed to prepare dynamic resources: NodePrepareResources failed "
+                           f"for ResourceClaim {claim['metadata']['name']}: "
+                           f"{words}" + ("" if fault != "dra-prepare-fails" else
+                                         ": lab fault dra-prepare-fails"))
+        pod = reg.find(PODS, "default", name)
+        assert pod["spec"]["nodeName"] == "gpu-pascal" and pod["status"]["phase"] == "Pending"
+        path = draplugin.spec_path(claim["metadata"]["uid"])
+        assert not emu.backend.claim_cdi_spec_exists("gpu-pascal", path)
+    finally:
+        faults.clear_fault(emu.state_dir, "gpu-pascal", fault)
+    # Retried at every pass: once the fault is gone the pod starts.
+    wait_for(lambda: _running(reg, "default", name), "the pod to start after the fault")
+    reg.delete(PODS, "default", name, {"gracePeriodSeconds": 0})
+
+
+def test_a_cdi_spec_without_device_nodes_starts_the_pod_without_a_gpu(emu):
+    reg = emu.registry
+    if reg.find(R["ResourceClaimTemplate"], "default", "one-p100") is None:
+        _template(reg, "default", "one-p100", 1, PASCAL_ONE)
+    faults.set_fault(emu.state_dir, "gpu-pascal", "dra-cdi-spec-empty")
+    try:
+        _pod(reg, "default", "empty-spec", "one-p100")
+        wait_for(lambda: _running(reg, "default", "empty-spec"), "the pod to run")
+        out = wait_for(lambda: emu.cluster.pod_logs(
+            reg.find(PODS, "default", "empty-spec"), "smi", {})[0], "nvidia-smi -L")
+        assert out.strip() == "No devices were found"
+    finally:
+        faults.clear_fault(emu.state_dir, "gpu-pascal", "dra-cdi-spec-empty")
+    reg.delete(PODS, "default", "empty-spec", {"gracePeriodSeconds": 0})

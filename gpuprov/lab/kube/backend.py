@@ -226,7 +226,7 @@ class ClaimSpecs:
             raise StartError("RunContainerError", "failed to create containerd container: "
                              "CDI device injection failed: unresolvable CDI devices "
                              + ", ".join(missing))
-        return [known[i] for i in ids]
+        return [known[i] for i in ids if known[i]]  # "": a device without device nodes
 
 
 class LocalProcess:
@@ -409,7 +409,7 @@ class FakeBackend:
 
     def write_claim_cdi_spec(self, node: str, path: str, devices: Mapping[str, str]
                              ) -> str | None:
-        """devices: CDI device name in the spec -> GPU UUID."""
+        """devices: CDI device name in the spec -> GPU UUID ("": no device node)."""
         self.claim_specs.specs[(node, path)] = {
             f"{CLAIM_CDI_KIND}={name}": uuid for name, uuid in devices.items()}
         return None

@@ -378,10 +378,13 @@ class Kubelet:
         """NodePrepareResources of one claim by the node's DRA plugin: its CDI spec written
         (once: a prepared claim is a no-op, as the plugin's checkpoint makes it) and the
         [(request, CDI ID)] of its devices, or the error."""
-        if self.dra_plugin is None:
-            # pkg/kubelet/cm/dra/plugin: the driver has not registered on this node.
-            return (f"plugin name {draplugin.DRIVER} not found in the list of registered "
-                    "DRA plugins")
+        node_faults = self.cluster.faults(self.name)
+        if self.dra_plugin is None or "dra-plugin-unregistered" in node_faults:
+            # The kubelet's words (dra-driver-nvidia-gpu#814, kubernetes#133920): the driver
+            # has not registered on this node.
+            return f"DRA driver {draplugin.DRIVER} is not registered"
+        if "dra-prepare-fails" in node_faults:
+            return "prepare devices failed: lab fault dra-prepare-fails"
         uid = claim["metadata"]["uid"]
         try:
             devices = draplugin.claim_devices(claim, self.dra_gpus)
@@ -390,8 +393,11 @@ class Kubelet:
         if uid not in self.prepared:
             path = draplugin.spec_path(uid)
             problem = self.backend.write_claim_cdi_spec(
-                self.name, path, {draplugin.cdi_device(uid, d): gpu
-                                  for d, (_, gpu) in devices.items()})
+                # dra-cdi-spec-empty: the devices are in the spec without their device nodes
+                # (#1380): the container starts with no GPU.
+                self.name, path, {draplugin.cdi_device(uid, d): (
+                    "" if "dra-cdi-spec-empty" in node_faults else gpu)
+                    for d, (_, gpu) in devices.items()})
             if problem:
                 return f"failed to create CDI spec file for claim: {problem}"
             self.prepared[uid] = path
