@@ -531,11 +531,12 @@ class LabBackend:
                     memory = f"{line.split()[1]}Ki"
         return [NodeSpec(name, cpu, memory) for name in self.containers]
 
-    def _podman(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    def _podman(self, *args: str, timeout: float = 30,
+                stdin: bytes | None = None) -> subprocess.CompletedProcess:
         from gpuprov.lab import podman  # the lab's one way to run podman
 
         return subprocess.run(["podman", *args], env=podman.environment(), capture_output=True,
-                              timeout=timeout, check=False)
+                              timeout=timeout, check=False, input=stdin)
 
     def xid_records(self, node: str) -> list[tuple[int, int, int]]:
         """(seq, NVML index, XID) of the XID records in the node's simulated kernel log
@@ -747,6 +748,59 @@ class LabBackend:
             return (proc.stderr.decode(errors="replace").strip() or
                     f"nvidia-ctk exited {proc.returncode}")[-300:]
         return None
+
+    def write_claim_cdi_spec(self, node: str, path: str, devices: Mapping[str, str]
+                             ) -> str | None:
+        """NVIDIA's DRA plugin's prepare on a lab node: the node's nvidia-ctk (the lab's
+        stand-in for nvcdi, NVML through the node's library) generates the spec of its GPUs
+        named by UUID under the claim kind; the claim's GPUs are kept, renamed to their claim
+        device names (cdi.go CreateClaimSpecFile: `<claimUID>-<device>`), and written to
+        `path` (the common edits stay: control devices, libraries). A device whose GPU is ""
+        keeps no device node (the dra-cdi-spec-empty fault)."""
+        vendor, _, cls = CLAIM_CDI_KIND.partition("/")
+        try:
+            proc = self._podman("exec", self.containers[node], "nvidia-ctk", "cdi", "generate",
+                                f"--vendor={vendor}", f"--class={cls}",
+                                "--device-name-strategy=uuid", "--format=json", timeout=30)
+        except subprocess.TimeoutExpired:
+            return "nvidia-ctk did not answer in 30 s"
+        if proc.returncode != 0:
+            return (proc.stderr.decode(errors="replace").strip() or
+                    f"nvidia-ctk exited {proc.returncode}")[-300:]
+        try:
+            spec = json.loads(proc.stdout)
+        except ValueError:
+            return "nvidia-ctk wrote no JSON spec"
+        generated = {d.get("name"): d for d in spec.get("devices") or []}
+        kept = []
+        for name, uuid in devices.items():
+            if uuid and uuid not in generated:
+                return f"GPU {uuid} is not in the node's CDI spec"
+            edits = (generated[uuid].get("containerEdits") if uuid else
+                     {"env": ["NVIDIA_VISIBLE_DEVICES=void"]})
+            kept.append({"name": name, "containerEdits": edits})
+        spec["devices"] = kept
+        # YAML is a superset of JSON: the .yaml file containerd's CDI registry loads.
+        text = json.dumps(spec, indent=2).encode()
+        tmp = f"{path}.tmp"
+        try:
+            proc = self._podman("exec", "-i", self.containers[node], "sh", "-c",
+                                f'mkdir -p "$(dirname {path})" && cat > {tmp} && '
+                                f"chmod 0644 {tmp} && mv {tmp} {path}", stdin=text, timeout=30)
+        except subprocess.TimeoutExpired:
+            return "writing the claim's CDI spec did not finish in 30 s"
+        if proc.returncode != 0:
+            return (proc.stderr.decode(errors="replace").strip() or
+                    f"writing {path} exited {proc.returncode}")[-300:]
+        return None
+
+    def delete_claim_cdi_spec(self, node: str, path: str) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._podman("exec", self.containers[node], "rm", "-f", path, timeout=30)
+
+    def claim_cdi_spec_exists(self, node: str, path: str) -> bool:
+        root = self._node_root(node)
+        return root is not None and Path(root + path).is_file()
 
     def stop_pod(self, node: str, uid: str) -> None:
         with self._lock:
