@@ -251,3 +251,72 @@ def test_a_cdi_spec_without_device_nodes_starts_the_pod_without_a_gpu(emu):
     finally:
         faults.clear_fault(emu.state_dir, "gpu-pascal", "dra-cdi-spec-empty")
     reg.delete(PODS, "default", "empty-spec", {"gracePeriodSeconds": 0})
+
+
+# -- the same slice from the lab's simulated NVML (gpuprov/lab/nvml/simnvml.c) ---------------
+
+@pytest.fixture(scope="module")
+def simnvml_lab(tmp_path_factory):
+    """A lab directory as LabBackend reads it, with each GPU node's simulated NVML state."""
+    import json
+
+    from gpuprov.lab import simhw
+
+    lab_dir = tmp_path_factory.mktemp("lab")
+    simhw.build_nvml_library(lab_dir / "nvml")
+    (lab_dir / "lab.json").write_text(json.dumps(
+        {"nodes": [{"name": n, "container": f"lab-{n}"} for n in EXPECTED]}))
+    for node in EXPECTED:
+        simhw.write_node_state(lab_dir / "nodes" / node, node, profiles.NODE_PROFILES[node])
+    return lab_dir
+
+
+@pytest.mark.parametrize("node", sorted(EXPECTED))
+def test_the_slice_from_the_simulated_nvml_of_each_lab_gpu_model(simnvml_lab, node):
+    """What LabBackend reads through the simulated library (the calls of nvlib.go
+    getGpuInfo) gives the slice NVIDIA's plugin would publish for the board."""
+    from gpuprov.lab.kube.backend import LabBackend
+
+    gpus = LabBackend(simnvml_lab).gpus(node)
+    expected = profiles.expected_gpus(node, profiles.NODE_PROFILES[node])
+    devices = draplugin.node_slice(node, gpus)["spec"]["devices"]
+    product, brand, arch, cc, driver, cuda = EXPECTED[node]
+    assert [d["name"] for d in devices] == [f"gpu-{g.minor_number}" for g in expected]
+    for device, gpu in zip(devices, expected, strict=True):
+        assert device["attributes"] == {
+            "type": {"string": "gpu"}, "uuid": {"string": gpu.uuid},
+            "productName": {"string": product}, "brand": {"string": brand},
+            "architecture": {"string": arch}, "cudaComputeCapability": {"version": cc},
+            "driverVersion": {"version": driver}, "cudaDriverVersion": {"version": cuda},
+            "resource.kubernetes.io/pciBusID": {"string": gpu.sysfs_address}}
+        assert device["capacity"] == {"memory": {"value": draplugin.binary_si(
+            gpu.memory_total)}}
+
+
+def test_values_as_nvidias_plugin_writes_them():
+    # A real slice (dra-driver-nvidia-gpu#719) shows driver 580.95.05 as 580.95.5.
+    assert draplugin.semver("580.95.05") == "580.95.5"
+    assert draplugin.semver("9.0") == "9.0.0"
+    assert draplugin.binary_si(80 * GIB) == "80Gi"
+    assert draplugin.binary_si(81559 * 1024 ** 2) == "81559Mi"
+    assert draplugin.binary_si(1000) == "1000"
+    # go-nvlib GetPCIBusID: NVML's 8-digit domain cut to 4, lower case.
+    assert draplugin.pci_bus_id("00000000:3B:00.0") == "0000:3b:00.0"
+    assert draplugin.cdi_id("u1", "gpu-3") == "k8s.gpu.nvidia.com/claim=u1-gpu-3"
+    assert draplugin.spec_path("u1") == "/var/run/cdi/k8s.gpu.nvidia.com-claim_u1.yaml"
+
+
+def test_each_container_gets_the_cdi_ids_of_the_requests_it_names():
+    from gpuprov.lab.kube.kubelet import _claim_cdi_ids
+
+    claimed = {"gpus": [("train", "k/claim=a-gpu-0"), ("train", "k/claim=a-gpu-1"),
+                        ("eval/small", "k/claim=a-gpu-2")],
+               "other": [("one", "k/claim=b-gpu-3")]}
+    assert _claim_cdi_ids({"resources": {"claims": [{"name": "gpus"}]}}, claimed) == (
+        "k/claim=a-gpu-0", "k/claim=a-gpu-1", "k/claim=a-gpu-2")
+    assert _claim_cdi_ids({"resources": {"claims": [{"name": "gpus", "request": "train"}]}},
+                          claimed) == ("k/claim=a-gpu-0", "k/claim=a-gpu-1")
+    # A firstAvailable result "<request>/<subrequest>" counts for its request.
+    assert _claim_cdi_ids({"resources": {"claims": [{"name": "gpus", "request": "eval"}]}},
+                          claimed) == ("k/claim=a-gpu-2",)
+    assert _claim_cdi_ids({"name": "no-claims"}, claimed) == ()
