@@ -140,3 +140,30 @@ def test_product_the_cluster_lacks_stays_pending_with_the_reason(emu):
     claim = pod_claim(reg, "default", "wants-a100")
     assert claim is not None and not (claim.get("status") or {}).get("allocation")
     reg.delete(PODS, "default", "wants-a100", {"gracePeriodSeconds": 0})
+
+
+def test_an_allocated_claim_pins_its_pods_to_its_node_and_is_shared(emu):
+    """A ResourceClaim made by the user (resourceClaimName): the first pod's scheduling
+    allocates it; a second pod naming it goes to the same node and is reserved too; the
+    claim stays (it has no pod owner) and is deallocated once neither pod runs."""
+    reg = emu.registry
+    reg.create(CLAIMS, "default", {"metadata": {"name": "shared"}, "spec": {"devices": {
+        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
+    pods = []
+    for name in ("s1", "s2"):
+        pods.append(reg.create(PODS, "default", {"metadata": {"name": name}, "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared"}],
+            "containers": [{"name": "c", "image": "busybox", "command": ["sleep", "60"],
+                            "resources": {"claims": [{"name": "gpu"}]}}]}}))
+        wait_for(lambda n=name: reg.find(PODS, "default", n)["spec"].get("nodeName"),
+                 f"{name}'s bind")
+    claim = reg.find(CLAIMS, "default", "shared")
+    node = claim["status"]["allocation"]["devices"]["results"][0]["pool"]
+    assert {reg.find(PODS, "default", n)["spec"]["nodeName"] for n in ("s1", "s2")} == {node}
+    assert sorted(r["name"] for r in claim["status"]["reservedFor"]) == ["s1", "s2"]
+    for name in ("s1", "s2"):
+        reg.delete(PODS, "default", name, {"gracePeriodSeconds": 0})
+    wait_for(lambda: not (reg.find(CLAIMS, "default", "shared").get("status") or {}).get(
+        "allocation"), "the claim to be deallocated")
+    assert not reg.find(CLAIMS, "default", "shared")["status"].get("reservedFor")
+    reg.delete(CLAIMS, "default", "shared")

@@ -95,7 +95,8 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True),
     # Dynamic Resource Allocation (GA in 1.34): served with the validation their schemas lack
-    # (validation.py); the scheduler's allocation is not emulated yet (EMULATION.md).
+    # (validation.py); the claim controller, the scheduler's allocation and the kubelet's
+    # prepare with a simulated NVIDIA plugin are emulated too (EMULATION.md).
     ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False),
     ResourceType("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False,
                  selectable_fields=("spec.nodeName", "spec.driver")),
