@@ -15,6 +15,7 @@ from gpuprov.verify import cluster, containers, node_phase, nodes, pods, swarm
 # Registration order is report order: the cluster, pod, container and Swarm phases.
 # isort: off
 from gpuprov.verify.checks import k8s as _k8s_checks  # noqa: F401 (then the cluster phase)
+from gpuprov.verify.checks import dra as _dra_checks  # noqa: F401 (its DRA nodes' checks)
 from gpuprov.verify.checks import pods as _pod_checks  # noqa: F401 (the pod phase)
 from gpuprov.verify.checks import containers as _container_checks  # noqa: F401 (Docker hosts)
 from gpuprov.verify.checks import swarm as _swarm_checks  # noqa: F401 (and Swarm)
@@ -100,7 +101,8 @@ def cluster_findings(results: Sequence[nodes.ProbeResult], view: cluster.Cluster
                 continue
             k8s = result.node.node_name
             facts = ClusterFacts(result.node, result.report, view.nodes.get(k8s),
-                                 view.pods_by_node.get(k8s, ()))
+                                 view.pods_by_node.get(k8s, ()),
+                                 view.slices_by_node.get(k8s, ()))
             gpu_node = bool((result.report or {}).get("pci")) or (
                 result.report is None and result.node.gpu_expected)
             if check.gpu_only and not gpu_node:
@@ -294,7 +296,8 @@ def run(
     snapshot = None
     if api is not None:
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
-        snapshot = pool.submit(cluster.snapshot, api)
+        dra_nodes = tuple(n.node_name for n in inventory_nodes if n.dra and not n.docker)
+        snapshot = pool.submit(cluster.snapshot, api, dra_nodes)
         pool.shutdown(wait=False)
     results = nodes.collect(inventory_nodes, options.timeout, options.concurrency,
                             probe=probe, progress=progress)
