@@ -244,3 +244,29 @@ def test_inventory_reads_the_mode():
     assert inventory.node_from_vars("n", {"gpu_nodes"}, {}).gpu_allocation == "device-plugin"
     with pytest.raises(GpuprovError, match="inventory host n: gpu_allocation must be one of"):
         inventory.node_from_vars("n", {"gpu_nodes"}, {"gpu_allocation": "both"})
+
+
+def test_snapshot_reads_each_dra_nodes_slices_by_field_selector(api):
+    """Through the emulated API server's resource.k8s.io/v1 and its field selectors: the DRA
+    node's slice of NVIDIA's driver, not another node's nor another driver's."""
+    from kubernetes import client
+
+    from gpuprov.verify import cluster
+
+    resource = client.ResourceV1Api(api)
+    device = docs_devices()["gpu"]
+    for name, node, driver in (("hopper-gpu", "gpu-hopper", "gpu.nvidia.com"),
+                               ("pascal-gpu", "gpu-pascal", "gpu.nvidia.com"),
+                               ("hopper-other", "gpu-hopper", "example.com")):
+        body = slice_of(node, [device])
+        body["metadata"]["name"] = name
+        body["spec"]["driver"] = driver
+        resource.create_resource_slice(body)
+    try:
+        view = cluster.snapshot(api, ("gpu-hopper",))
+        [found] = view.slices_by_node["gpu-hopper"]
+        assert found["metadata"]["name"] == "hopper-gpu"
+        assert "gpu-pascal" not in view.slices_by_node
+    finally:
+        for name in ("hopper-gpu", "pascal-gpu", "hopper-other"):
+            resource.delete_resource_slice(name)
