@@ -162,6 +162,10 @@ def pod_findings(results: Sequence[nodes.ProbeResult], view: cluster.ClusterView
         elif not cluster.is_ready(k8s_node):
             # Its pods would wait out --timeout, three times over, to say what it says.
             why_not[name] = "the node is not Ready (see k8s.node-ready)"
+        elif result.node.dra:
+            # The device plugin's smoke asks for nvidia.com/gpu, which a DRA node does not
+            # offer: its GPUs are claimed (dra.* checks).
+            why_not[name] = "gpu_allocation dra: GPUs are claimed, not requested (see dra.*)"
         elif (resource := smoke_resource(k8s_node)) is None:
             why_not[name] = ("the node advertises no nvidia.com/gpu or MIG device "
                              "(see k8s.allocatable)")
