@@ -270,3 +270,39 @@ def test_snapshot_reads_each_dra_nodes_slices_by_field_selector(api):
     finally:
         for name in ("hopper-gpu", "pascal-gpu", "hopper-other"):
             resource.delete_resource_slice(name)
+
+
+def test_a_mixed_cluster_report_lists_each_nodes_mode_and_checks():
+    """The cluster phase on one DRA node (the recorded H200 with its published device) and one
+    device-plugin node, through the JSON and JUnit formatters."""
+    from gpuprov.verify import cluster, report
+    from gpuprov.verify.nodes import ProbeResult
+    from gpuprov.verify.runner import cluster_findings, select_checks
+
+    h200 = json.loads(H200.read_text())
+    h200["packages"] = {"runtime": [{"name": "containerd", "version": "2.1.4~ds1-1",
+                                     "state": "installed"}]}
+    dra_node = Node(name="gpu-a", target=None, gpu_expected=True, gpu_allocation="dra")
+    plugin_node = Node(name="gpu-b", target=None, gpu_expected=True)
+    view = cluster.ClusterView(
+        server="https://127.0.0.1:6443",
+        nodes={"gpu-a": k8s_node("gpu-a"), "gpu-b": k8s_node("gpu-b", {"nvidia.com/gpu": "1"})},
+        pods_by_node={"gpu-a": (PLUGIN,), "gpu-b": (DEVICE_PLUGIN,)},
+        slices_by_node={"gpu-a": (slice_of("gpu-a", [h200_device()]),)})
+    findings = cluster_findings([ProbeResult(dra_node, h200), ProbeResult(plugin_node, h200)],
+                                view, select_checks(["k8s.node-ready", "k8s.device-plugin",
+                                                     "dra"]))
+    doc = report.json_document(findings)
+    got = {(r["node"], r["check"]): r["status"] for r in doc["results"]}
+    assert got == {
+        ("gpu-a", "k8s.node-ready"): PASS, ("gpu-a", "k8s.device-plugin"): SKIP,
+        ("gpu-a", "dra.plugin"): PASS, ("gpu-a", "dra.slice"): PASS,
+        ("gpu-a", "dra.devices-vs-nvml"): PASS, ("gpu-a", "dra.runtime"): PASS,
+        ("gpu-b", "k8s.node-ready"): PASS, ("gpu-b", "k8s.device-plugin"): PASS,
+        ("gpu-b", "dra.plugin"): SKIP, ("gpu-b", "dra.slice"): SKIP,
+        ("gpu-b", "dra.devices-vs-nvml"): SKIP, ("gpu-b", "dra.runtime"): SKIP}
+    modes = {r["node"]: r["details"]["gpu_allocation"] for r in doc["results"]
+             if r["check"] == "k8s.node-ready"}
+    assert modes == {"gpu-a": "dra", "gpu-b": "device-plugin"}
+    suites = {s.get("name"): [c.get("name") for c in s] for s in report.junit(findings).getroot()}
+    assert "dra.devices-vs-nvml" in suites["gpu-a"] and "dra.plugin" in suites["gpu-b"]
