@@ -44,21 +44,17 @@ def claim_template(name: str, count: int, selector: str | None = None,
                                                          "exactly": exactly}]}}}}
 
 
-def claim_pod(name: str, image: str, command: Sequence[str], template: str | None,
-              node: str | None = None, labels: Mapping[str, str] | None = None
-              ) -> dict[str, Any]:
-    """A pod that holds a claim from `template` (None: no claim at all), on `node` where given
-    (by the hostname label: the scheduler still allocates, nodeName would skip it)."""
-    container: dict[str, Any] = {"name": "smoke", "image": image, "command": list(command)}
-    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container],
-                            "terminationGracePeriodSeconds": 0}
-    if template is not None:
-        spec["resourceClaims"] = [{"name": REQUEST, "resourceClaimTemplateName": template}]
-        container["resources"] = {"claims": [{"name": REQUEST}]}
-    if node is not None:
-        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": dict(labels or {})}, "spec": spec}
+def with_claim(pod: dict[str, Any], template: str) -> dict[str, Any]:
+    """The pod (gpuprov's smoke pod: gpuprov.manifests.smoke_pod, asking for no GPU) holding
+    one claim from `template` in its first container."""
+    # The claim's devices reach the container as CDI devices through the node's default
+    # runtime (runc); NVIDIA's runtime class would let its legacy mode inject GPUs by itself
+    # and hide a broken CDI path.
+    pod["spec"].pop("runtimeClassName", None)
+    pod["spec"]["resourceClaims"] = [{"name": REQUEST, "resourceClaimTemplateName": template}]
+    container = pod["spec"]["containers"][0]
+    container.setdefault("resources", {})["claims"] = [{"name": REQUEST}]
+    return pod
 
 
 def pod_claim_name(pod: Mapping[str, Any], entry: str = REQUEST) -> str | None:

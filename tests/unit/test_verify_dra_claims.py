@@ -11,6 +11,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from test_verify_dra import docs_devices, slice_of
 
+from gpuprov import manifests
 from gpuprov.verify import claims
 
 NS = "default"
@@ -30,7 +31,9 @@ def test_the_template_and_pod_are_valid_resource_k8s_io_v1(api):
     resource, core = client.ResourceV1Api(api), client.CoreV1Api(api)
     body = claims.claim_template("smoke-gpus", 2, claims.product_selector('NVIDIA "H200"'))
     resource.create_namespaced_resource_claim_template(NS, body)
-    pod = claims.claim_pod("smoke-claim", "busybox", ["true"], "smoke-gpus", node="gpu-hopper")
+    pod = claims.with_claim(manifests.smoke_pod("smoke-claim", NS, gpus=0, node="gpu-hopper",
+                                                visible_devices="void"),
+                            "smoke-gpus")
     try:
         stored = resource.read_namespaced_resource_claim_template("smoke-gpus", NS)
         [request] = stored.spec.spec.devices.requests
@@ -51,12 +54,6 @@ def test_a_template_for_no_gpu_is_refused(api):
         client.ResourceV1Api(api).create_namespaced_resource_claim_template(
             NS, claims.claim_template("zero", 0))
     assert refused.value.status == 422
-
-
-def test_a_pod_without_a_claim_has_none():
-    pod = claims.claim_pod("plain", "busybox", ["true"], None)
-    assert "resourceClaims" not in pod["spec"]
-    assert "resources" not in pod["spec"]["containers"][0]
 
 
 def test_allocated_devices_map_to_uuids_through_the_slice():
