@@ -147,8 +147,9 @@ def pod_findings(results: Sequence[nodes.ProbeResult], view: cluster.ClusterView
     pod_checks = [c for c in selected if c.phase == "pod"]
     if not pod_checks:
         return []
-    kinds = [k for k in (c.id.split(".", 1)[1] for c in pod_checks) if k in pods.SMOKE_KINDS]
-    targets: list[pods.Target] = []
+    kinds = [k for k in (c.id.split(".", 1)[1] for c in pod_checks)
+             if k in pods.SMOKE_KINDS or k in pods.DRA_KINDS]
+    targets: list[pods.Target | pods.DraTarget] = []
     why_not: dict[str, str] = {}
     for result in results:
         name, k8s = result.node.name, result.node.node_name
@@ -164,8 +165,12 @@ def pod_findings(results: Sequence[nodes.ProbeResult], view: cluster.ClusterView
             why_not[name] = "the node is not Ready (see k8s.node-ready)"
         elif result.node.dra:
             # The device plugin's smoke asks for nvidia.com/gpu, which a DRA node does not
-            # offer: its GPUs are claimed (dra.* checks).
-            why_not[name] = "gpu_allocation dra: GPUs are claimed, not requested (see dra.*)"
+            # offer: its GPUs are claimed (dra.claim-*), and no-request runs as everywhere.
+            slices = view.slices_by_node.get(k8s, ())
+            gpus = [g for g in ((result.report.get("nvml") or {}).get("gpus") or [])
+                    if g.get("error") is None and g.get("name")]
+            targets.append(pods.DraTarget(k8s, slices if isinstance(slices, tuple) else (),
+                                          gpus[0]["name"] if gpus else None))
         elif (resource := smoke_resource(k8s_node)) is None:
             why_not[name] = ("the node advertises no nvidia.com/gpu or MIG device "
                              "(see k8s.allocatable)")

@@ -12,7 +12,10 @@ from kubernetes.client.exceptions import ApiException
 from test_verify_dra import docs_devices, slice_of
 
 from gpuprov import manifests
-from gpuprov.verify import claims
+from gpuprov.verify import (
+    claims,
+    runner,  # noqa: F401 (registers every phase's checks)
+)
 
 NS = "default"
 
@@ -95,3 +98,100 @@ def test_claim_name_and_cdi_path():
     assert claims.pod_claim_name(pod) == "p-gpus-x1y2z"
     assert claims.pod_claim_name({}) is None
     assert claims.cdi_spec_path("1234") == "/var/run/cdi/k8s.gpu.nvidia.com-claim_1234.yaml"
+
+
+def _facts(runs: dict, mode: str = "dra"):
+    from gpuprov.verify.facts import PodFacts
+    from gpuprov.verify.inventory import Node
+
+    return PodFacts(Node(name="gpu-hopper", target=None, gpu_expected=True,
+                         gpu_allocation=mode), {"pci": [{}]}, runs)
+
+
+def _verdict(check_id: str, runs: dict, mode: str = "dra"):
+    from gpuprov.verify.findings import CHECKS
+
+    check = CHECKS[check_id]
+    return check.finding("gpu-hopper", check.func(_facts(runs, mode)))
+
+
+def test_a_claim_for_an_absent_product_stays_pending_on_the_emulator(emulator, api):
+    """The claim smoke's unavailable-product claim through the emulated scheduler's
+    DynamicResources placement; the smoke's namespace is gone afterwards."""
+    from gpuprov.lab.kube.registry import R
+    from gpuprov.verify import pods
+
+    for obj in manifests.dra_driver():
+        if obj["kind"] == "DeviceClass":
+            emulator.registry.create(R["DeviceClass"], "", obj)
+    device = docs_devices()["gpu"]
+    published = slice_of("gpu-hopper", [device])
+    published["metadata"]["name"] = "claims-smoke-hopper"
+    emulator.registry.create(R["ResourceSlice"], "", published)
+    target = pods.DraTarget("gpu-hopper", (published,), "NVIDIA A100-PCIE-40GB")
+    runs = pods.run(api, [target], ["claim-unavailable"], 20, 2)["gpu-hopper"]
+    finding = _verdict("dra.claim-unavailable", runs)
+    assert finding.status == "pass", finding.message
+    assert claims.UNALLOCATABLE in finding.message
+    left = [n.metadata.name for n in client.CoreV1Api(api).list_namespace().items
+            if n.metadata.name.startswith(pods.NAMESPACE_PREFIX)]
+    assert left == []
+
+
+def _record(uuids_seen, uuids_claimed, node="gpu-hopper", phase="Running", **more):
+    from gpuprov.verify import pods
+
+    return pods.ClaimRecord(pod=pods.PodRecord(f"p-{len(uuids_seen)}-{phase}", phase,
+                                               tuple(uuids_seen)),
+                            claim="c", claim_uid="u1", node=node, uuids=tuple(uuids_claimed),
+                            **more)
+
+
+def _run(kind, requested, *records):
+    from gpuprov.verify import pods
+
+    return {kind: pods.ClaimRun(kind, requested, tuple(records))}
+
+
+def test_claim_count_judges_seen_against_claimed():
+    ok = _run("claim-count", 2, _record(["a", "b"], ["b", "a"]))
+    assert _verdict("dra.claim-count", ok).status == "pass"
+    extra = _run("claim-count", 2, _record(["a", "b", "c"], ["a", "b"]))
+    finding = _verdict("dra.claim-count", extra)
+    assert finding.status == "fail" and "not claimed: c" in finding.message
+    failed = _run("claim-count", 2, _record([], ["a", "b"], phase="Failed"))
+    assert "Failed" in _verdict("dra.claim-count", failed).message
+
+
+def test_claim_isolation_and_selector():
+    from gpuprov.verify import pods
+
+    def rec(name, seen, claimed, node="gpu-hopper"):
+        return pods.ClaimRecord(pods.PodRecord(name, "Running", (seen,)), "c", "u", node,
+                                (claimed,))
+    ok = {"claim-isolation": pods.ClaimRun("claim-isolation", 1, (rec("p0", "a", "a"),
+                                                                  rec("p1", "b", "b")))}
+    assert _verdict("dra.claim-isolation", ok).status == "pass"
+    shared = {"claim-isolation": pods.ClaimRun("claim-isolation", 1, (rec("p0", "a", "a"),
+                                                                      rec("p1", "a", "b")))}
+    assert _verdict("dra.claim-isolation", shared).message == "a seen by p0, p1"
+    elsewhere = {"claim-selector": pods.ClaimRun("claim-selector", 1, (
+        rec("p", "a", "a", node="gpu-other"),))}
+    finding = _verdict("dra.claim-selector", elsewhere)
+    assert finding.status == "fail" and "gpu-other" in finding.message
+
+
+def test_claim_cdi_while_running_and_after():
+    def verdict(during, after):
+        return _verdict("dra.claim-cdi", _run("claim-count", 1, _record(
+            ["a"], ["a"], cdi_while_running=during, cdi_after=after)))
+    assert verdict(True, False).status == "pass"
+    assert "still there" in verdict(True, True).message
+    assert "missing" in verdict(False, False).message
+    assert verdict(None, None).status == "skip"
+
+
+def test_claim_checks_skip_on_a_device_plugin_node_and_pods_checks_on_a_dra_node():
+    assert _verdict("dra.claim-count", {}, mode="device-plugin").status == "skip"
+    finding = _verdict("pods.gpu-count", {})
+    assert finding.status == "skip" and "gpu_allocation dra" in finding.message

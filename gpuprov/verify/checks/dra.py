@@ -17,7 +17,7 @@ from gpuprov import runtime_mode
 from gpuprov.verify.checks import k8s
 from gpuprov.verify.checks._util import gpu_label
 from gpuprov.verify.facts import ClusterFacts
-from gpuprov.verify.findings import Verdict, check, passed, problem, skipped
+from gpuprov.verify.findings import Verdict, check, errored, passed, problem, skipped
 
 # NVIDIA's DRA kubelet plugin's pods are recognised by their image, as the device plugin's are
 # (checks/k8s.py): registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu, the role's default
@@ -341,3 +341,181 @@ def runtime(facts: ClusterFacts) -> Verdict:
                        f"{runtime_mode.CDI_SPEC_DIR}, where the driver writes each claim's "
                        "spec", **details)
     return passed(f"containerd {text}, CDI on", **details)
+
+
+# The claim smoke (gpuprov.verify.pods.DraNodeRunner, objects and rules in
+# gpuprov.verify.claims): pod-phase checks of a DRA node.
+
+def _claim_run(facts: Any, kind: str) -> tuple[Any, Verdict | None]:
+    if not facts.node.dra:
+        return None, skipped(f"gpu_allocation {facts.node.gpu_allocation}: no claims here "
+                             "(see pods.*)")
+    if facts.skipped:
+        return None, skipped(facts.skipped)
+    run = facts.runs.get(kind)
+    if run is None:
+        return None, skipped("not run")
+    if run.error:
+        return None, errored(f"could not run the claim smoke: {run.error}")
+    if run.skipped:
+        return None, skipped(run.skipped)
+    if not run.records:
+        return None, problem("the claim pod was not created")
+    return run, None
+
+
+def _not_seen(record: Any) -> str | None:
+    pod = record.pod
+    if pod.phase == "Running" and pod.uuids:
+        return None
+    why = f": {pod.message}" if pod.message else ""
+    return (f"pod {pod.name} {pod.phase}{why}" + (f" (scheduler: {record.unschedulable})"
+                                                    if record.unschedulable else ""))
+
+
+def _record_details(record: Any) -> dict[str, Any]:
+    return {"pod": record.pod.name, "claim": record.claim, "allocated_node": record.node,
+            "claimed": list(record.uuids), "seen": list(record.pod.uuids),
+            "unpublished": list(record.unknown)}
+
+
+@check(
+    "dra.claim-count",
+    phase="pod",
+    severity="error",
+    description="a pod holding a claim for all k GPUs of the node (ResourceClaimTemplate, "
+    "deviceClassName gpu.nvidia.com, count k) sees exactly the k allocated devices",
+    remediation="kubectl describe resourceclaim and the pod; the DRA plugin's log on the node "
+    "(NodePrepareResources); containerd must have CDI on (dra.runtime)",
+)
+def claim_count(facts: Any) -> Verdict:
+    from gpuprov.verify import claims
+
+    run, reason = _claim_run(facts, "claim-count")
+    if reason:
+        return reason
+    record = run.records[0]
+    details = _record_details(record)
+    if (why := _not_seen(record)) is not None:
+        return problem(why, **details)
+    if record.unknown:
+        return problem(f"allocated devices no slice publishes: {', '.join(record.unknown)}",
+                       **details)
+    wrong = claims.judge_count(record.pod.uuids, record.uuids, run.requested)
+    if wrong:
+        return problem(wrong, **details)
+    return passed(f"the pod sees exactly its {run.requested} claimed GPU(s)", **details)
+
+
+@check(
+    "dra.claim-isolation",
+    phase="pod",
+    severity="error",
+    description="concurrent pods with one-GPU claims each see one GPU, no two the same, the "
+    "one allocated to their claim",
+    remediation="two claims were given one GPU: check that no device plugin runs on the node "
+    "(dra.plugin) and the DRA plugin's checkpoint (/var/lib/kubelet/plugins/gpu.nvidia.com/"
+    "checkpoint.json)",
+)
+def claim_isolation(facts: Any) -> Verdict:
+    from gpuprov.verify import claims
+
+    run, reason = _claim_run(facts, "claim-isolation")
+    if reason:
+        return reason
+    seen = {r.pod.name: list(r.pod.uuids) for r in run.records}
+    details = {"seen": seen, "claimed": {r.pod.name: list(r.uuids) for r in run.records}}
+    stuck = [why for r in run.records if (why := _not_seen(r)) is not None]
+    if stuck:
+        return problem("; ".join(stuck), **details)
+    wrong = claims.judge_isolation(seen) or claims.judge_isolation(details["claimed"])
+    if wrong:
+        return problem(wrong, **details)
+    strays = [r.pod.name for r in run.records if sorted(r.pod.uuids) != sorted(r.uuids)]
+    if strays:
+        return problem(f"pods see another GPU than their claim's: {', '.join(strays)}",
+                       **details)
+    return passed(f"{len(run.records)} pods, {len(run.records)} distinct GPUs, each its "
+                  "claim's", **details)
+
+
+@check(
+    "dra.claim-selector",
+    phase="pod",
+    severity="error",
+    description="a claim with a CEL selector on the node's NVML product name is allocated on "
+    "this node, and the pod sees that GPU",
+    remediation="the published productName differs from NVML's (dra.devices-vs-nvml), or the "
+    "node's devices are all held: kubectl get resourceclaims -A",
+)
+def claim_selector(facts: Any) -> Verdict:
+    run, reason = _claim_run(facts, "claim-selector")
+    if reason:
+        return reason
+    record = run.records[0]
+    details = _record_details(record)
+    if (why := _not_seen(record)) is not None:
+        return problem(why, **details)
+    if record.node != facts.node.node_name:
+        return problem(f"the claim was allocated on {record.node}, not here", **details)
+    if sorted(record.pod.uuids) != sorted(record.uuids) or len(record.uuids) != 1:
+        return problem(f"the pod sees {record.pod.uuids}, its claim has {record.uuids}",
+                       **details)
+    return passed(f"allocated here, {record.uuids[0]}", **details)
+
+
+@check(
+    "dra.claim-unavailable",
+    phase="pod",
+    severity="error",
+    description="a claim for a product no node has stays Pending with the scheduler's reason "
+    "(cannot allocate all claims)",
+    remediation="a claim for a product nobody has was allocated: the published productName "
+    "attributes are wrong (dra.devices-vs-nvml) or the DeviceClass selects too much",
+)
+def claim_unavailable(facts: Any) -> Verdict:
+    from gpuprov.verify import claims
+
+    run, reason = _claim_run(facts, "claim-unavailable")
+    if reason:
+        return reason
+    record = run.records[0]
+    details = {"pod": record.pod.name, "phase": record.pod.phase,
+               "scheduler": record.unschedulable}
+    pod = {"status": {"phase": record.pod.phase, "conditions": [] if record.unschedulable is None
+                      else [{"type": "PodScheduled", "status": "False",
+                             "reason": "Unschedulable", "message": record.unschedulable}]}}
+    wrong = claims.judge_pending(pod)
+    if wrong:
+        return problem(wrong, **details)
+    return passed(f"Pending: {record.unschedulable}", **details)
+
+
+@check(
+    "dra.claim-cdi",
+    phase="pod",
+    severity="error",
+    description="the claim's CDI spec (/var/run/cdi/k8s.gpu.nvidia.com-claim_<uid>.yaml) is on "
+    "the node while its pod runs, and gone after",
+    remediation="a spec left behind: the DRA plugin did not unprepare the claim (its log, "
+    "NodeUnprepareResources); none while running: the plugin did not prepare it",
+)
+def claim_cdi(facts: Any) -> Verdict:
+    from gpuprov.verify import claims
+
+    run, reason = _claim_run(facts, "claim-count")
+    if reason:
+        return reason
+    record = run.records[0]
+    if record.claim_uid is None:
+        return skipped("no claim was read (see dra.claim-count)")
+    path = claims.cdi_spec_path(record.claim_uid)
+    details = {"path": path, "while_running": record.cdi_while_running,
+               "after": record.cdi_after}
+    if record.cdi_while_running is None:
+        return skipped("verify reads no file on this node (no SSH path to it)", **details)
+    if not record.cdi_while_running:
+        return problem(f"{path} missing while the pod ran", **details)
+    if record.cdi_after:
+        return problem(f"{path} still there after the pod ended", **details)
+    return passed(f"{path} there while the pod ran, gone after", **details)
