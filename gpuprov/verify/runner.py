@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 from collections.abc import Iterable, Sequence
 
@@ -169,8 +170,10 @@ def pod_findings(results: Sequence[nodes.ProbeResult], view: cluster.ClusterView
             slices = view.slices_by_node.get(k8s, ())
             gpus = [g for g in ((result.report.get("nvml") or {}).get("gpus") or [])
                     if g.get("error") is None and g.get("name")]
-            targets.append(pods.DraTarget(k8s, slices if isinstance(slices, tuple) else (),
-                                          gpus[0]["name"] if gpus else None))
+            targets.append(pods.DraTarget(
+                k8s, slices if isinstance(slices, tuple) else (),
+                gpus[0]["name"] if gpus else None,
+                functools.partial(nodes.file_exists, result.node, timeout=options.timeout)))
         elif (resource := smoke_resource(k8s_node)) is None:
             why_not[name] = ("the node advertises no nvidia.com/gpu or MIG device "
                              "(see k8s.allocatable)")

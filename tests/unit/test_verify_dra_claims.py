@@ -195,3 +195,14 @@ def test_claim_checks_skip_on_a_device_plugin_node_and_pods_checks_on_a_dra_node
     assert _verdict("dra.claim-count", {}, mode="device-plugin").status == "skip"
     finding = _verdict("pods.gpu-count", {})
     assert finding.status == "skip" and "gpu_allocation dra" in finding.message
+
+
+def test_file_exists_on_a_local_node(tmp_path):
+    from gpuprov.verify import nodes
+    from gpuprov.verify.inventory import Node
+
+    local = Node(name="here", target=None, gpu_expected=True)
+    spec = tmp_path / "k8s.gpu.nvidia.com-claim_1234.yaml"
+    assert not nodes.file_exists(local, str(spec), 5)
+    spec.write_text("cdiVersion: 0.6.0\n")
+    assert nodes.file_exists(local, str(spec), 5)
