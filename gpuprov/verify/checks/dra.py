@@ -173,7 +173,8 @@ def same_quantity(published: Any, nvml_bytes: Any) -> bool:
 
 
 def _expected_gpu(gpu: Mapping[str, Any], nvml: Mapping[str, Any]) -> dict[str, Any]:
-    """What the driver publishes for a full GPU, from the probe's NVML record."""
+    """What the driver publishes for a full GPU, from the probe's NVML record. Not `brand`:
+    the probe does not read nvmlDeviceGetBrand (yet), so it is not compared."""
     return {"type": "gpu", "uuid": gpu.get("uuid"), "productName": gpu.get("name"),
             "architecture": ARCHITECTURES.get(gpu.get("architecture_nvml")),
             "cudaComputeCapability": gpu.get("compute_capability"),
@@ -183,7 +184,9 @@ def _expected_gpu(gpu: Mapping[str, Any], nvml: Mapping[str, Any]) -> dict[str, 
 
 
 def _bus_id(nvml_bus: Any) -> str | None:
-    """NVML's 00000000:65:00.0 as the driver publishes it, 0000:65:00.0 (a 4-digit domain)."""
+    """NVML's 00000000:65:00.0 as the driver publishes it, 0000:65:00.0: go-nvlib's
+    GetPCIBusID lowercases NVML's busId and drops the domain's leading "0000"
+    (NVIDIA/go-nvlib pkg/nvlib/device/device.go)."""
     if not nvml_bus:
         return None
     domain, _, rest = str(nvml_bus).lower().partition(":")
