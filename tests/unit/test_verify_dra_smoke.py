@@ -86,3 +86,25 @@ def test_the_claim_smoke_passes_on_the_lab_dra_node(dra_lab):
     left = [n.metadata.name for n in client.CoreV1Api(api).list_namespace().items
             if n.metadata.name.startswith(pods.NAMESPACE_PREFIX)]
     assert left == []
+
+
+def test_the_pod_phase_runs_claims_on_the_dra_node(dra_lab):
+    """The runner's pod phase: the claim smoke on the DRA node (its slice from the cluster
+    view), the device plugin's GPU smoke skipped there with the reason."""
+    from gpuprov.verify.nodes import ProbeResult
+    from gpuprov.verify.runner import Options, pod_findings, select_checks
+
+    _, api = dra_lab
+    view = cluster.snapshot(api, (NODE,))
+    product = view.slices_by_node[NODE][0]["spec"]["devices"][0]["attributes"][
+        "productName"]["string"]
+    report = {"pci": [{}], "nvml": {"gpus": [{"name": product, "error": None}]}}
+    node = Node(name=NODE, target=None, gpu_expected=True, gpu_allocation="dra")
+    findings = pod_findings([ProbeResult(node, report)], view,
+                            select_checks(["pods.gpu-count", "dra.claim-selector",
+                                           "dra.claim-unavailable"]), Options(timeout=60), api)
+    got = {f.check: (f.status, f.message) for f in findings}
+    assert got["dra.claim-selector"][0] == PASS, got
+    assert got["dra.claim-unavailable"][0] == PASS, got
+    assert got["pods.gpu-count"] == ("skip", "gpu_allocation dra: GPUs are claimed, not "
+                                     "requested (see dra.claim-*)")
