@@ -26,6 +26,10 @@ class ClusterView:
     server: str
     nodes: Mapping[str, Mapping[str, Any]]  # node name -> Node object
     pods_by_node: Mapping[str, tuple[Mapping[str, Any], ...]]  # non-terminated pods
+    # The DRA nodes' ResourceSlices of NVIDIA's driver, by node name; a string where they could
+    # not be read (the API serves no resource.k8s.io/v1, say), for dra.slice to report.
+    slices_by_node: Mapping[str, tuple[Mapping[str, Any], ...] | str] = dataclasses.field(
+        default_factory=dict)
 
 
 def ready_condition(node: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -96,8 +100,31 @@ def _list(call: Any, **kwargs: Any) -> list[dict]:
     return json.loads(response.data).get("items") or []
 
 
-def snapshot(api: Any) -> ClusterView:
-    """Two LIST requests; GpuprovError (exit 2) when the API server cannot be used."""
+# NVIDIA's DRA driver's name, the ResourceSlices' spec.driver (kubernetes-sigs/
+# dra-driver-nvidia-gpu cmd/gpu-kubelet-plugin: DriverName; research/dra.md 1.5).
+DRA_DRIVER = "gpu.nvidia.com"
+
+
+def node_slices(api: Any, node: str) -> tuple[Mapping[str, Any], ...] | str:
+    """The ResourceSlices NVIDIA's DRA driver publishes for one node (field selectors on
+    spec.nodeName and spec.driver, which the API server supports for ResourceSlices), or why
+    they cannot be read."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return tuple(_list(client.ResourceV1Api(api).list_resource_slice,
+                           field_selector=f"spec.nodeName={node},spec.driver={DRA_DRIVER}"))
+    except ApiException as exc:
+        if exc.status == 404:
+            return ("the API server serves no resource.k8s.io/v1 ResourceSlices (Kubernetes "
+                    "1.34 or later is needed for DRA)")
+        return f"listing ResourceSlices refused: {exc.status} {exc.reason}"
+
+
+def snapshot(api: Any, dra_nodes: tuple[str, ...] = ()) -> ClusterView:
+    """Two LIST requests, and one per DRA node for its ResourceSlices; GpuprovError (exit 2)
+    when the API server cannot be used."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
@@ -107,6 +134,7 @@ def snapshot(api: Any) -> ClusterView:
     try:
         nodes = _list(core.list_node)
         pods = _list(core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
+        slices = {name: node_slices(api, name) for name in dra_nodes}
     except ApiException as exc:
         raise GpuprovError(f"Kubernetes API at {server} refused the request: {exc.status} "
                            f"{exc.reason}; check the kubeconfig's credentials") from None
@@ -124,4 +152,5 @@ def snapshot(api: Any) -> ClusterView:
         server=server,
         nodes={n["metadata"]["name"]: n for n in nodes},
         pods_by_node={k: tuple(v) for k, v in by_node.items()},
+        slices_by_node=slices,
     )

@@ -42,6 +42,9 @@ class ClusterFacts:
     report: Mapping[str, Any] | None  # None: the node phase got no report for this node
     k8s_node: Mapping[str, Any] | None  # the Node object (JSON); None: no such node
     pods: tuple[Mapping[str, Any], ...] = ()  # non-terminated pods bound to the node
+    # A DRA node's ResourceSlices of NVIDIA's driver (gpuprov.verify.cluster.node_slices), or
+    # why they could not be read.
+    slices: tuple[Mapping[str, Any], ...] | str = ()
 
     @property
     def healthy_gpu_count(self) -> int | None:

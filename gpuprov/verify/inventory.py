@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from gpuprov import gpu_allocation
 from gpuprov.errors import GpuprovError
 from gpuprov.ssh import SshTarget
 
@@ -52,6 +53,9 @@ MIG_STRATEGY_VARS = ("gpu_node_labels_mig_strategy", "nvidia_device_plugin_mig_s
 # the layouts to look it up in (a mig-parted document; default: gpuprov's defaults).
 MIG_CONFIG_VAR = "gpu_mig_config"
 MIG_CONFIGS_VAR = "gpu_mig_configs"
+# Which of NVIDIA's allocators hands the node's GPUs to pods (gpuprov/gpu_allocation.py): verify
+# runs the device plugin's checks or the DRA driver's on each node accordingly.
+ALLOCATION_VAR = gpu_allocation.SETTING
 DEFAULT_SERIES_KEY = "gputype"
 
 # The settings among them (not how to connect): what --host-vars and -e may set.
@@ -59,7 +63,7 @@ SETTING_VARS = (
     BRANCH_VAR, SOURCE_VAR, ALLOW_VULNERABLE_VAR, KUBECONFIG_VAR, SERIES_KEY_VAR, NODE_NAME_VAR,
     SMOKE_IMAGE_VAR,
     TOOLKIT_MODE_VAR, TOOLKIT_RUNTIME_VAR, *MIG_STRATEGY_VARS, MIG_CONFIG_VAR, MIG_CONFIGS_VAR,
-    SWARM_VAR, SWARM_KIND_VAR,
+    SWARM_VAR, SWARM_KIND_VAR, ALLOCATION_VAR,
 )
 
 _VARS = (
@@ -70,7 +74,7 @@ _VARS = (
     "ansible_become_user", BRANCH_VAR, SOURCE_VAR, ALLOW_VULNERABLE_VAR, KUBECONFIG_VAR,
     SERIES_KEY_VAR,
     NODE_NAME_VAR, SMOKE_IMAGE_VAR, TOOLKIT_MODE_VAR, TOOLKIT_RUNTIME_VAR, *MIG_STRATEGY_VARS,
-    MIG_CONFIG_VAR, MIG_CONFIGS_VAR, SWARM_VAR, SWARM_KIND_VAR,
+    MIG_CONFIG_VAR, MIG_CONFIGS_VAR, SWARM_VAR, SWARM_KIND_VAR, ALLOCATION_VAR,
 )
 
 
@@ -95,6 +99,12 @@ class Node:
     docker: bool = False  # in docker_hosts: no Kubernetes, smoke containers through Docker
     swarm: bool = False  # a Swarm GPU node (docker_swarm, or the toolkit role's setting)
     swarm_kind: str = "NVIDIA-GPU"  # the toolkit role's default
+    gpu_allocation: str = gpu_allocation.DEFAULT  # device-plugin | dra
+
+    @property
+    def dra(self) -> bool:
+        """NVIDIA's DRA driver allocates this node's GPUs, not the device plugin."""
+        return self.gpu_allocation == gpu_allocation.DRA
 
     @property
     def node_name(self) -> str:
@@ -136,6 +146,13 @@ def _text(value: Any) -> str | None:
     return None if value is None or str(value) == "" else str(value)
 
 
+def _allocation(name: str, value: Any) -> str:
+    try:
+        return gpu_allocation.mode(value)
+    except gpu_allocation.SettingError as exc:
+        raise GpuprovError(f"inventory host {name}: {exc}") from None
+
+
 def node_from_vars(name: str, groups: set[str], hostvars: dict[str, Any],
                    host_key_checking_default: bool = True) -> Node:
     """One inventory host -> Node, from its resolved variables (Ansible's names)."""
@@ -153,6 +170,7 @@ def node_from_vars(name: str, groups: set[str], hostvars: dict[str, Any],
         "k8s_name": _text(hostvars.get(NODE_NAME_VAR)),
         "smoke_image": _text(hostvars.get(SMOKE_IMAGE_VAR)),
         "toolkit_mode": _text(hostvars.get(TOOLKIT_MODE_VAR)),
+        "gpu_allocation": _allocation(name, hostvars.get(ALLOCATION_VAR)),
         "container_runtime": _text(hostvars.get(TOOLKIT_RUNTIME_VAR)),
         "mig_strategy": _text(first(*MIG_STRATEGY_VARS)) or "none",
         "mig_config": _text(hostvars.get(MIG_CONFIG_VAR)),

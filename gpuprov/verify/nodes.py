@@ -10,6 +10,8 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import os
+import shlex
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +41,19 @@ def probe_node(node: Node, timeout: float) -> dict:
     connection = ssh.connect(node.target, timeout=timeout)
     try:
         return payload.run_probe(connection, timeout=timeout)
+    finally:
+        connection.close()
+
+
+def file_exists(node: Node, path: str, timeout: float) -> bool:
+    """Whether a file exists on the node (the DRA claim smoke's CDI spec), over the SSH path
+    the probe takes, or here for a local node. The path is gpuprov's, quoted all the same."""
+    if node.target is None:
+        return os.path.exists(path)
+    connection = ssh.connect(node.target, timeout=timeout)
+    try:
+        return connection.run(f"test -e {shlex.quote(path)}", warn=True, hide=True,
+                              timeout=timeout).ok
     finally:
         connection.close()
 

@@ -350,6 +350,208 @@ class NodeRunner:
         return runs
 
 
+DRA_KINDS = ("claim-count", "claim-isolation", "claim-selector", "claim-unavailable")
+# A product no GPU has: its claim must stay Pending (the scheduler's reason).
+ABSENT_PRODUCT = "gpuprov-verify no such product"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimRecord:
+    """One claim pod: what it printed and what its claim was allocated."""
+
+    pod: PodRecord
+    claim: str | None = None  # the ResourceClaim's name
+    claim_uid: str | None = None
+    node: str | None = None  # where the allocation is bound
+    uuids: tuple[str, ...] = ()  # the allocated devices' UUIDs, through the node's slice
+    unknown: tuple[str, ...] = ()  # allocated devices no slice publishes
+    unschedulable: str | None = None  # the scheduler's message, while Pending
+    cdi_while_running: bool | None = None  # the claim's CDI spec on the node (None: not read)
+    cdi_after: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimRun:
+    kind: str  # one of DRA_KINDS
+    requested: int
+    records: tuple[ClaimRecord, ...] = ()
+    skipped: str | None = None
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DraTarget:
+    node: str
+    slices: tuple[Mapping[str, Any], ...]  # the node's ResourceSlices (gpuprov.verify.cluster)
+    product: str | None  # NVML's name of the node's GPUs, for the selector claim
+    # Reads whether a file exists on the node (the CDI spec); None: verify has no way there.
+    file_exists: Callable[[str], bool] | None = None
+
+    @property
+    def gpus(self) -> int:
+        return sum(1 for s in self.slices for d in (s.get("spec") or {}).get("devices") or []
+                   if ((d.get("attributes") or {}).get("type") or {}).get("string") == "gpu")
+
+
+class DraNodeRunner(NodeRunner):
+    """The claim smoke of one DRA node (gpuprov.verify.claims builds and judges the objects):
+    each pod holds its claim until it has printed its GPUs and the claim has been read."""
+
+    def __init__(self, api: _Api, namespace: str, target: DraTarget, timeout: float,
+                 values: Mapping[str, Any]) -> None:
+        super().__init__(api, namespace, Target(target.node, 0, 0), timeout, values)
+        from kubernetes import client
+
+        self.dra = target
+        self.resource = client.ResourceV1Api(api.core.api_client)
+
+    def _claim_pods(self, kind: str, count: int, gpus: int, selector: str | None = None,
+                    pods: int = 1) -> list[str]:
+        from gpuprov.verify import claims
+
+        template = f"{self.prefix}-{kind}"
+        self.resource.create_namespaced_resource_claim_template(
+            self.ns, claims.claim_template(template, gpus, selector),
+            _request_timeout=REQUEST_TIMEOUT)
+        names = [f"{self.prefix}-{kind}-{i}" for i in range(pods)]
+        for name in names:
+            pod = manifests.smoke_pod(name, self.ns, gpus=0, node=self.target.node,
+                                      values=self.values, command=list(HOLD_COMMAND),
+                                      visible_devices="void")
+            self.api.core.create_namespaced_pod(
+                self.ns, self._labelled(claims.with_claim(pod, template), kind),
+                _request_timeout=REQUEST_TIMEOUT)
+        return names
+
+    def _claim(self, pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        from gpuprov.verify import claims
+
+        name = claims.pod_claim_name(pod)
+        if name is None:
+            return None
+        try:
+            response = self.resource.read_namespaced_resource_claim(
+                name, self.ns, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException:
+            return None
+        return json.loads(response.data)
+
+    def _held(self, kind: str, count: int) -> ClaimRun:
+        """Pods of `kind` held Running until each printed its GPUs; their claims read then,
+        the CDI spec looked for, the pods deleted, the spec looked for again."""
+        from gpuprov.verify import claims
+
+        printed: dict[str, str] = {}
+
+        def ready(pods: list[dict]) -> bool:
+            """Each pod Running and its GPUs printed, or ended (it failed: no use waiting)."""
+            if any(_pod_state(p)[0] in ("Succeeded", "Failed") for p in pods):
+                return True
+            if not all(_pod_state(p)[0] == "Running" for p in pods):
+                return False
+            for pod in pods:
+                name = pod["metadata"]["name"]
+                if name not in printed:
+                    text = self.api.log(self.ns, name)
+                    if not gpu_uuids(text):
+                        return False
+                    printed[name] = text
+            return True
+
+        pods = self._wait(kind, count, ready)
+        deadline = time.monotonic() + self.timeout
+        while not (len(pods) >= count and ready(pods)) and time.monotonic() < deadline:
+            self.api.sleep(POLL_S)
+            pods = self.api.pods(self.ns, self._selector(kind))
+        timed_out = not (len(pods) >= count and ready(pods))
+        records = []
+        by_name = {r.name: r for r in self._records(pods, timed_out, printed)}
+        for pod in pods:
+            claim = self._claim(pod) or {}
+            uuids, unknown = claims.device_uuids(claim, self.dra.slices)
+            uid = (claim.get("metadata") or {}).get("uid")
+            path = claims.cdi_spec_path(uid) if uid else None
+            records.append(dict(
+                pod=by_name[pod["metadata"]["name"]], claim=(claim.get("metadata") or {}).get(
+                    "name"), claim_uid=uid, node=claims.allocated_node(claim),
+                uuids=tuple(uuids), unknown=tuple(unknown),
+                unschedulable=claims.unschedulable(pod),
+                cdi_while_running=(self.dra.file_exists(path) if path and
+                                   self.dra.file_exists else None)))
+        self.api.core.delete_collection_namespaced_pod(
+            self.ns, label_selector=self._selector(kind), grace_period_seconds=0,
+            _request_timeout=REQUEST_TIMEOUT)
+        self._wait(kind, 0, lambda ps: not ps)
+        for record in records:
+            uid = record["claim_uid"]
+            if uid and self.dra.file_exists:
+                record["cdi_after"] = self.dra.file_exists(claims.cdi_spec_path(uid))
+        return ClaimRun(kind, 0, tuple(ClaimRecord(**r) for r in records))
+
+    def claim_count(self) -> ClaimRun:
+        k = self.dra.gpus
+        if k < 1:
+            return ClaimRun("claim-count", 0, skipped="the node's slice publishes no GPU")
+        self._claim_pods("claim-count", 1, k)
+        return dataclasses.replace(self._held("claim-count", 1), requested=k)
+
+    def claim_isolation(self) -> ClaimRun:
+        count = min(self.dra.gpus, MAX_ISOLATION_PODS)
+        if count < 2:
+            return ClaimRun("claim-isolation", 1, skipped="fewer than 2 GPUs: nothing to "
+                            "isolate")
+        self._claim_pods("claim-isolation", count, 1, pods=count)
+        return dataclasses.replace(self._held("claim-isolation", count), requested=1)
+
+    def claim_selector(self) -> ClaimRun:
+        from gpuprov.verify import claims
+
+        if not self.dra.product:
+            return ClaimRun("claim-selector", 1, skipped="NVML names no product on the node")
+        self._claim_pods("claim-selector", 1, 1, claims.product_selector(self.dra.product))
+        return dataclasses.replace(self._held("claim-selector", 1), requested=1)
+
+    def claim_unavailable(self) -> ClaimRun:
+        """A claim for a product no node has: Pending with the scheduler's reason, which is
+        awaited (not a timeout's guess)."""
+        from gpuprov.verify import claims
+
+        kind = "claim-unavailable"
+        self._claim_pods(kind, 1, 1, claims.product_selector(ABSENT_PRODUCT))
+        pods = self._wait(kind, 1, lambda ps: claims.unschedulable(ps[0]) is not None
+                          or _pod_state(ps[0])[0] != "Pending")
+        records = tuple(ClaimRecord(pod=r, unschedulable=claims.unschedulable(p))
+                        for r, p in zip(self._records(pods, False),
+                                        sorted(pods, key=lambda p: p["metadata"]["name"]),
+                                        strict=True))
+        self.api.core.delete_collection_namespaced_pod(
+            self.ns, label_selector=self._selector(kind), grace_period_seconds=0,
+            _request_timeout=REQUEST_TIMEOUT)
+        self._wait(kind, 0, lambda ps: not ps)
+        return ClaimRun(kind, 1, records)
+
+    def run(self, kinds: Sequence[str]) -> dict[str, Any]:  # type: ignore[override]
+        runs: dict[str, Any] = {}
+        steps = (("claim-count", self.claim_count), ("claim-isolation", self.claim_isolation),
+                 ("claim-selector", self.claim_selector),
+                 ("claim-unavailable", self.claim_unavailable),
+                 ("no-request", self.no_request))
+        for kind, step in steps:
+            if kind not in kinds:
+                continue
+            try:
+                runs[kind] = step()
+            except Interrupted:
+                raise
+            except Exception as exc:  # the API refused: reported on this node's line
+                log.debug("claim smoke %s on %s", kind, self.target.node, exc_info=True)
+                runs[kind] = (SmokeRun(kind, 0, error=_api_error(exc)) if kind == "no-request"
+                              else ClaimRun(kind, 0, error=_api_error(exc)))
+        return runs
+
+
 def _api_error(exc: Exception) -> str:
     status = getattr(exc, "status", None)
     body = getattr(exc, "body", None)
@@ -400,8 +602,8 @@ def smoke_namespace(api_client: Any) -> Iterator[str]:
             raise
 
 
-def run(api_client: Any, targets: Sequence[Target], kinds: Sequence[str], timeout: float,
-        concurrency: int, image: str | None = None) -> dict[str, dict[str, SmokeRun]]:
+def run(api_client: Any, targets: Sequence[Target | DraTarget], kinds: Sequence[str],
+        timeout: float, concurrency: int, image: str | None = None) -> dict[str, dict[str, Any]]:
     """node -> kind -> SmokeRun, for every target; the namespace is gone on return."""
     if not targets or not kinds:
         return {}
@@ -410,13 +612,14 @@ def run(api_client: Any, targets: Sequence[Target], kinds: Sequence[str], timeou
         values["nvidia_device_plugin_smoke_image"] = image
     stop = threading.Event()
     api = _Api(api_client, stop)
-    results: dict[str, dict[str, SmokeRun]] = {}
+    results: dict[str, dict[str, Any]] = {}
     with smoke_namespace(api_client) as namespace:
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, concurrency),
                                                      thread_name_prefix="smoke")
         try:
-            futures = {pool.submit(NodeRunner(api, namespace, t, timeout, values).run,
-                                   kinds): t.node for t in targets}
+            futures = {pool.submit((DraNodeRunner if isinstance(t, DraTarget) else NodeRunner)(
+                api, namespace, t, timeout, values).run, kinds): t.node  # type: ignore[arg-type]
+                for t in targets}
             for future in concurrent.futures.as_completed(futures):
                 results[futures[future]] = future.result()
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 from collections.abc import Iterable, Sequence
 
@@ -15,6 +16,7 @@ from gpuprov.verify import cluster, containers, node_phase, nodes, pods, swarm
 # Registration order is report order: the cluster, pod, container and Swarm phases.
 # isort: off
 from gpuprov.verify.checks import k8s as _k8s_checks  # noqa: F401 (then the cluster phase)
+from gpuprov.verify.checks import dra as _dra_checks  # noqa: F401 (its DRA nodes' checks)
 from gpuprov.verify.checks import pods as _pod_checks  # noqa: F401 (the pod phase)
 from gpuprov.verify.checks import containers as _container_checks  # noqa: F401 (Docker hosts)
 from gpuprov.verify.checks import swarm as _swarm_checks  # noqa: F401 (and Swarm)
@@ -100,7 +102,8 @@ def cluster_findings(results: Sequence[nodes.ProbeResult], view: cluster.Cluster
                 continue
             k8s = result.node.node_name
             facts = ClusterFacts(result.node, result.report, view.nodes.get(k8s),
-                                 view.pods_by_node.get(k8s, ()))
+                                 view.pods_by_node.get(k8s, ()),
+                                 view.slices_by_node.get(k8s, ()))
             gpu_node = bool((result.report or {}).get("pci")) or (
                 result.report is None and result.node.gpu_expected)
             if check.gpu_only and not gpu_node:
@@ -145,8 +148,9 @@ def pod_findings(results: Sequence[nodes.ProbeResult], view: cluster.ClusterView
     pod_checks = [c for c in selected if c.phase == "pod"]
     if not pod_checks:
         return []
-    kinds = [k for k in (c.id.split(".", 1)[1] for c in pod_checks) if k in pods.SMOKE_KINDS]
-    targets: list[pods.Target] = []
+    kinds = [k for k in (c.id.split(".", 1)[1] for c in pod_checks)
+             if k in pods.SMOKE_KINDS or k in pods.DRA_KINDS]
+    targets: list[pods.Target | pods.DraTarget] = []
     why_not: dict[str, str] = {}
     for result in results:
         name, k8s = result.node.name, result.node.node_name
@@ -160,6 +164,16 @@ def pod_findings(results: Sequence[nodes.ProbeResult], view: cluster.ClusterView
         elif not cluster.is_ready(k8s_node):
             # Its pods would wait out --timeout, three times over, to say what it says.
             why_not[name] = "the node is not Ready (see k8s.node-ready)"
+        elif result.node.dra:
+            # The device plugin's smoke asks for nvidia.com/gpu, which a DRA node does not
+            # offer: its GPUs are claimed (dra.claim-*), and no-request runs as everywhere.
+            slices = view.slices_by_node.get(k8s, ())
+            gpus = [g for g in ((result.report.get("nvml") or {}).get("gpus") or [])
+                    if g.get("error") is None and g.get("name")]
+            targets.append(pods.DraTarget(
+                k8s, slices if isinstance(slices, tuple) else (),
+                gpus[0]["name"] if gpus else None,
+                functools.partial(nodes.file_exists, result.node, timeout=options.timeout)))
         elif (resource := smoke_resource(k8s_node)) is None:
             why_not[name] = ("the node advertises no nvidia.com/gpu or MIG device "
                              "(see k8s.allocatable)")
@@ -294,7 +308,8 @@ def run(
     snapshot = None
     if api is not None:
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
-        snapshot = pool.submit(cluster.snapshot, api)
+        dra_nodes = tuple(n.node_name for n in inventory_nodes if n.dra and not n.docker)
+        snapshot = pool.submit(cluster.snapshot, api, dra_nodes)
         pool.shutdown(wait=False)
     results = nodes.collect(inventory_nodes, options.timeout, options.concurrency,
                             probe=probe, progress=progress)

@@ -73,7 +73,7 @@ def verify(monkeypatch, tmp_path):
 
 
 def test_healthy_lab_passes_with_every_check_for_every_gpu_node(verify, capsys):
-    rc, out, err = verify("--json", "--skip", "k8s,pods", capsys=capsys)
+    rc, out, err = verify("--json", "--skip", "k8s,dra,pods", capsys=capsys)
     doc = json.loads(out)
     assert rc == 0, out
     assert doc["schema_version"] == 1
@@ -92,7 +92,7 @@ def test_healthy_lab_passes_with_every_check_for_every_gpu_node(verify, capsys):
 
 def test_one_unreachable_node_gives_3_and_the_others_are_fully_checked(verify, capsys):
     verify.fake.outcomes["gpu-pascal"] = ProbeUnreachable("connection refused", "gpu-pascal")
-    rc, out, _ = verify("--json", "--skip", "k8s,pods", capsys=capsys)
+    rc, out, _ = verify("--json", "--skip", "k8s,dra,pods", capsys=capsys)
     doc = json.loads(out)
     assert rc == ExitCode.UNREACHABLE
     pascal = [r for r in doc["results"] if r["node"] == "gpu-pascal"]

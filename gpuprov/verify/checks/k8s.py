@@ -23,6 +23,14 @@ def is_device_plugin(pod: Mapping[str, Any]) -> bool:
     return any(DEVICE_PLUGIN_IMAGE in str(c.get("image", "")) for c in containers)
 
 
+def dra_node(facts: ClusterFacts) -> Verdict | None:
+    """The device plugin's checks' verdict on a node in DRA mode (None: the plugin's node)."""
+    if facts.node.dra:
+        return skipped("gpu_allocation dra: NVIDIA's DRA driver allocates this node's GPUs "
+                       "(see dra.*)")
+    return None
+
+
 def _not_found(facts: ClusterFacts) -> Verdict:
     return problem(f"no Kubernetes node named {facts.node.node_name} (kubectl get nodes); "
                    "the inventory name must be the node name, or set "
@@ -45,9 +53,12 @@ def node_ready(facts: ClusterFacts) -> Verdict:
     unschedulable = bool((facts.k8s_node.get("spec") or {}).get("unschedulable"))
     if not cluster.is_ready(facts.k8s_node):
         why = (ready or {}).get("message") or (ready or {}).get("reason") or "no Ready condition"
-        return problem(f"node not Ready: {why}", condition=dict(ready or {}))
-    return passed("Ready" + (" (cordoned)" if unschedulable else ""),
-                  unschedulable=unschedulable)
+        return problem(f"node not Ready: {why}", condition=dict(ready or {}),
+                       gpu_allocation=facts.node.gpu_allocation)
+    # Each node's allocation mode in the report: which of the k8s.* and dra.* checks apply.
+    return passed("Ready" + (" (cordoned)" if unschedulable else "")
+                  + f", gpu_allocation {facts.node.gpu_allocation}",
+                  unschedulable=unschedulable, gpu_allocation=facts.node.gpu_allocation)
 
 
 @check(
@@ -62,6 +73,8 @@ def node_ready(facts: ClusterFacts) -> Verdict:
 def device_plugin(facts: ClusterFacts) -> Verdict:
     if facts.k8s_node is None:
         return _not_found(facts)
+    if (verdict := dra_node(facts)) is not None:
+        return verdict
     plugins = [p for p in facts.pods if is_device_plugin(p)]
     if not plugins:
         return problem("no NVIDIA device plugin pod on the node")
@@ -146,6 +159,8 @@ def _quantity(resources: Mapping[str, Any] | None, name: str) -> int:
 def allocatable(facts: ClusterFacts) -> Verdict:
     if facts.k8s_node is None:
         return _not_found(facts)
+    if (verdict := dra_node(facts)) is not None:
+        return verdict
     if facts.report is None:
         return skipped("no probe report for the node (see host.probe)")
     status = facts.k8s_node.get("status") or {}

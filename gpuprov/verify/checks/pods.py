@@ -26,6 +26,9 @@ def _run_or_reason(facts: PodFacts, kind: str) -> tuple[object | None, Verdict |
         return None, skipped(facts.skipped)
     run = facts.runs.get(kind)
     if run is None:
+        if getattr(facts.node, "dra", False):
+            return None, skipped("gpu_allocation dra: GPUs are claimed, not requested (see "
+                                 "dra.claim-*)")
         return None, skipped("not run")
     if run.error:
         return None, errored(f"could not run the smoke workload: {run.error}")
