@@ -69,6 +69,26 @@ FAULTS: dict[str, Fault] = {
             per_gpu=False, layer="kube", needs_gpu=True,
         ),
         Fault(
+            "dra-plugin-unregistered",
+            "NVIDIA's DRA plugin publishes the node's ResourceSlice but the kubelet never "
+            "registers it (Kubernetes 1.34.0/1.34.1 \"driver not registered\"): claim pods "
+            "bound there fail FailedPrepareDynamicResources and stay Pending",
+            per_gpu=False, layer="kube", needs_gpu=True,
+        ),
+        Fault(
+            "dra-prepare-fails",
+            "NVIDIA's DRA plugin fails every NodePrepareResources on the node: claim pods "
+            "bound there fail FailedPrepareDynamicResources and stay Pending",
+            per_gpu=False, layer="kube", needs_gpu=True,
+        ),
+        Fault(
+            "dra-cdi-spec-empty",
+            "NVIDIA's DRA plugin writes each claim's CDI devices without their device nodes "
+            "(dra-driver-nvidia-gpu#1380, a fresh node): prepare succeeds and the claim pod "
+            "runs without a GPU",
+            per_gpu=False, layer="kube", needs_gpu=True,
+        ),
+        Fault(
             "pod-stuck-pending",
             "the node's kubelet never starts the pods bound to it (they stay Pending)",
             per_gpu=False, layer="kube", needs_gpu=False,

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -31,6 +31,8 @@ LOG_LIMIT = 1 << 20  # bytes of output kept per container run, like the kubelet'
 # (SIMULATION.md). On lab nodes the lab's nvidia-container-runtime sets it, by NVIDIA's rules
 # (gpuprov/lab/toolkit/toolkit_rules.py); the FakeBackend sets it by the same rules.
 CONTAINER_GPUS_ENV = "GPUPROV_SIM_CONTAINER_GPUS"
+# The CDI kind of NVIDIA's DRA driver's per-claim specs (draplugin.CDI_VENDOR/CDI_CLASS).
+CLAIM_CDI_KIND = "k8s.gpu.nvidia.com/claim"
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,29 @@ class MigDevice:
 
 
 @dataclass(frozen=True)
+class GpuFacts:
+    """What NVIDIA's DRA kubelet plugin reads of a GPU through NVML when it starts
+    (kubernetes-sigs/dra-driver-nvidia-gpu v0.4.1 cmd/gpu-kubelet-plugin/nvlib.go
+    getGpuInfo), as NVML answers: the two system-wide versions are repeated on each GPU."""
+
+    minor: int  # nvmlDeviceGetMinorNumber: /dev/nvidia<minor>
+    name: str  # nvmlDeviceGetName
+    brand: int  # nvmlDeviceGetBrand (nvmlBrandType)
+    architecture: int  # nvmlDeviceGetArchitecture (nvmlDeviceArchitecture_t)
+    compute_capability: str  # nvmlDeviceGetCudaComputeCapability as "<major>.<minor>"
+    memory_total: int  # nvmlDeviceGetMemoryInfo().total, bytes
+    pci_bus_id: str  # nvmlDeviceGetPciInfo().busId, "00000000:18:00.0"
+    driver_version: str  # nvmlSystemGetDriverVersion
+    cuda_driver_version: int  # nvmlSystemGetCudaDriverVersion, 12080 for 12.8
+
+
+@dataclass(frozen=True)
 class Gpu:
     uuid: str
     healthy: bool = True
     mig_enabled: bool = False  # MIG mode current (nvmlDeviceGetMigMode)
     mig_devices: tuple[MigDevice, ...] = ()
+    facts: GpuFacts | None = None  # None: NVML did not answer one of the calls
 
 
 @dataclass(frozen=True)
@@ -180,6 +200,33 @@ class NodeBackend(Protocol):
                        path: str) -> str | None:
         """Make sure the node has a CDI spec of its GPUs (names by id_strategy) at `path`:
         written where it is missing; the problem, or None."""
+    def write_claim_cdi_spec(self, node: str, path: str, devices: Mapping[str, str]
+                             ) -> str | None:
+        """NVIDIA's DRA plugin's prepare: the claim's CDI spec at `path` with one device per
+        entry (CDI device name -> the GPU's UUID); the problem, or None."""
+    def delete_claim_cdi_spec(self, node: str, path: str) -> None:
+        """Its unprepare: the claim's spec file goes."""
+    def claim_cdi_spec_exists(self, node: str, path: str) -> bool: ...
+
+
+class ClaimSpecs:
+    """The FakeBackend's stand-in for a node's /var/run/cdi claim specs: spec path -> CDI ID
+    -> the GPU (UUID) its device injects."""
+
+    def __init__(self) -> None:
+        self.specs: dict[tuple[str, str], dict[str, str]] = {}
+
+    def resolve(self, node: str, ids: Iterable[str]) -> list[str]:
+        """The GPUs of the claim CDI IDs; StartError for one no spec defines (containerd:
+        "unresolvable CDI devices")."""
+        known = {i: uuid for (n, _), devices in self.specs.items() if n == node
+                 for i, uuid in devices.items()}
+        missing = [i for i in ids if i not in known]
+        if missing:
+            raise StartError("RunContainerError", "failed to create containerd container: "
+                             "CDI device injection failed: unresolvable CDI devices "
+                             + ", ".join(missing))
+        return [known[i] for i in ids if known[i]]  # "": a device without device nodes
 
 
 class LocalProcess:
@@ -293,6 +340,7 @@ class FakeBackend:
         self.started: list[tuple[str, list[str], dict[str, str]]] = []
         self.stopped_pods: list[str] = []
         self.cdi_specs: list[tuple[str, str, str, str]] = []
+        self.claim_specs = ClaimSpecs()
         self._count = 0
 
     def nodes(self) -> list[NodeSpec]:
@@ -322,10 +370,14 @@ class FakeBackend:
             raise StartError("CreateContainerError",
                              f"the fake backend runs commands only: container {request.name!r} "
                              "has none")
+        # The DRA driver's claim devices are containerd's own CDI injection (their kind is no
+        # NVIDIA runtime kind); the rest go by NVIDIA's rules.
+        claim_ids = [d for d in request.cdi_devices if d.startswith(CLAIM_CDI_KIND + "=")]
+        claimed = self.claim_specs.resolve(node, claim_ids)
         container = toolkit_rules.Container(
             dict(request.env), tuple(request.mounts),
             toolkit_rules.is_privileged(request.security_context),
-            request.annotations, tuple(request.cdi_devices))
+            request.annotations, tuple(d for d in request.cdi_devices if d not in claim_ids))
         try:
             seen = toolkit_rules.container_gpus(
                 container, fake.runtime.toolkit_settings, [g.uuid for g in fake.gpus or []],
@@ -335,6 +387,9 @@ class FakeBackend:
         except toolkit_rules.UnknownDevice as exc:
             raise StartError("RunContainerError", f"OCI runtime create failed: "
                              f"nvidia-container-runtime: {exc}") from None
+        node_order = [g.uuid for g in fake.gpus or []]
+        seen = [u for u in node_order if u in seen or u in claimed] + [
+            u for u in seen if u not in node_order]
         env = {**request.env, CONTAINER_GPUS_ENV: ",".join(seen) or "void"}
         self.started.append((node, list(request.argv), env))
         self._count += 1
@@ -351,6 +406,19 @@ class FakeBackend:
         if spec not in self.cdi_specs:
             self.cdi_specs.append(spec)
         return None
+
+    def write_claim_cdi_spec(self, node: str, path: str, devices: Mapping[str, str]
+                             ) -> str | None:
+        """devices: CDI device name in the spec -> GPU UUID ("": no device node)."""
+        self.claim_specs.specs[(node, path)] = {
+            f"{CLAIM_CDI_KIND}={name}": uuid for name, uuid in devices.items()}
+        return None
+
+    def delete_claim_cdi_spec(self, node: str, path: str) -> None:
+        self.claim_specs.specs.pop((node, path), None)
+
+    def claim_cdi_spec_exists(self, node: str, path: str) -> bool:
+        return (node, path) in self.claim_specs.specs
 
     def collect(self, node: str, alive: set[str]) -> None:
         pass
@@ -386,6 +454,21 @@ def mig(handle):
         devices.append({"uuid": text(pynvml.nvmlDeviceGetUUID(device)), "profile": profile,
                         "index": j})
     return bool(current), devices
+def facts(handle):
+    # What NVIDIA's DRA plugin reads of each GPU (GpuFacts); None where a call fails.
+    try:
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return {"minor": pynvml.nvmlDeviceGetMinorNumber(handle),
+                "name": text(pynvml.nvmlDeviceGetName(handle)),
+                "brand": pynvml.nvmlDeviceGetBrand(handle),
+                "architecture": pynvml.nvmlDeviceGetArchitecture(handle),
+                "compute_capability": f"{major}.{minor}",
+                "memory_total": pynvml.nvmlDeviceGetMemoryInfo(handle).total,
+                "pci_bus_id": text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+                "driver_version": text(pynvml.nvmlSystemGetDriverVersion()),
+                "cuda_driver_version": pynvml.nvmlSystemGetCudaDriverVersion()}
+    except (pynvml.NVMLError, AttributeError):
+        return None
 gpus = []
 for i in range(pynvml.nvmlDeviceGetCount()):
     try:
@@ -396,7 +479,7 @@ for i in range(pynvml.nvmlDeviceGetCount()):
         continue
     enabled, devices = mig(handle)
     gpus.append({"uuid": text(uuid), "healthy": True, "mig_enabled": enabled,
-                 "mig_devices": devices})
+                 "mig_devices": devices, "facts": facts(handle)})
 print(json.dumps({"gpus": gpus}))
 """
 
@@ -448,11 +531,12 @@ class LabBackend:
                     memory = f"{line.split()[1]}Ki"
         return [NodeSpec(name, cpu, memory) for name in self.containers]
 
-    def _podman(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    def _podman(self, *args: str, timeout: float = 30,
+                stdin: bytes | None = None) -> subprocess.CompletedProcess:
         from gpuprov.lab import podman  # the lab's one way to run podman
 
         return subprocess.run(["podman", *args], env=podman.environment(), capture_output=True,
-                              timeout=timeout, check=False)
+                              timeout=timeout, check=False, input=stdin)
 
     def xid_records(self, node: str) -> list[tuple[int, int, int]]:
         """(seq, NVML index, XID) of the XID records in the node's simulated kernel log
@@ -510,7 +594,8 @@ class LabBackend:
         result = None if "error" in doc else [
             Gpu(g["uuid"], g["healthy"], bool(g.get("mig_enabled")),
                 tuple(MigDevice(d["uuid"], d["profile"], d["index"])
-                      for d in g.get("mig_devices") or []))
+                      for d in g.get("mig_devices") or []),
+                GpuFacts(**g["facts"]) if g.get("facts") else None)
             for g in doc["gpus"]]
         self._gpu_cache[node] = (signature, result)
         return result
@@ -663,6 +748,59 @@ class LabBackend:
             return (proc.stderr.decode(errors="replace").strip() or
                     f"nvidia-ctk exited {proc.returncode}")[-300:]
         return None
+
+    def write_claim_cdi_spec(self, node: str, path: str, devices: Mapping[str, str]
+                             ) -> str | None:
+        """NVIDIA's DRA plugin's prepare on a lab node: the node's nvidia-ctk (the lab's
+        stand-in for nvcdi, NVML through the node's library) generates the spec of its GPUs
+        named by UUID under the claim kind; the claim's GPUs are kept, renamed to their claim
+        device names (cdi.go CreateClaimSpecFile: `<claimUID>-<device>`), and written to
+        `path` (the common edits stay: control devices, libraries). A device whose GPU is ""
+        keeps no device node (the dra-cdi-spec-empty fault)."""
+        vendor, _, cls = CLAIM_CDI_KIND.partition("/")
+        try:
+            proc = self._podman("exec", self.containers[node], "nvidia-ctk", "cdi", "generate",
+                                f"--vendor={vendor}", f"--class={cls}",
+                                "--device-name-strategy=uuid", "--format=json", timeout=30)
+        except subprocess.TimeoutExpired:
+            return "nvidia-ctk did not answer in 30 s"
+        if proc.returncode != 0:
+            return (proc.stderr.decode(errors="replace").strip() or
+                    f"nvidia-ctk exited {proc.returncode}")[-300:]
+        try:
+            spec = json.loads(proc.stdout)
+        except ValueError:
+            return "nvidia-ctk wrote no JSON spec"
+        generated = {d.get("name"): d for d in spec.get("devices") or []}
+        kept = []
+        for name, uuid in devices.items():
+            if uuid and uuid not in generated:
+                return f"GPU {uuid} is not in the node's CDI spec"
+            edits = (generated[uuid].get("containerEdits") if uuid else
+                     {"env": ["NVIDIA_VISIBLE_DEVICES=void"]})
+            kept.append({"name": name, "containerEdits": edits})
+        spec["devices"] = kept
+        # YAML is a superset of JSON: the .yaml file containerd's CDI registry loads.
+        text = json.dumps(spec, indent=2).encode()
+        tmp = f"{path}.tmp"
+        try:
+            proc = self._podman("exec", "-i", self.containers[node], "sh", "-c",
+                                f'mkdir -p "$(dirname {path})" && cat > {tmp} && '
+                                f"chmod 0644 {tmp} && mv {tmp} {path}", stdin=text, timeout=30)
+        except subprocess.TimeoutExpired:
+            return "writing the claim's CDI spec did not finish in 30 s"
+        if proc.returncode != 0:
+            return (proc.stderr.decode(errors="replace").strip() or
+                    f"writing {path} exited {proc.returncode}")[-300:]
+        return None
+
+    def delete_claim_cdi_spec(self, node: str, path: str) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._podman("exec", self.containers[node], "rm", "-f", path, timeout=30)
+
+    def claim_cdi_spec_exists(self, node: str, path: str) -> bool:
+        root = self._node_root(node)
+        return root is not None and Path(root + path).is_file()
 
     def stop_pod(self, node: str, uid: str) -> None:
         with self._lock:

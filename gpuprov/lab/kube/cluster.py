@@ -31,6 +31,7 @@ from gpuprov.lab.kube.controllers import (
     jobs,
     log_failure,
     nodes,
+    resourceclaims,
     scheduler,
 )
 from gpuprov.lab.kube.errors import ApiError
@@ -55,7 +56,7 @@ TICK_SECONDS = 0.5
 STARTERS = 8
 # The controllers, in the order of each pass.
 CONTROLLERS = (nodes.sync_nodes, daemonsets.sync_daemonsets, jobs.sync_jobs,
-               scheduler.schedule, sync_kubelets, disruption.sync_pdbs,
+               resourceclaims.sync_claims, scheduler.schedule, sync_kubelets, disruption.sync_pdbs,
                garbage.collect_garbage)
 
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpuprov.lab.kube import deviceplugin, selectors
+from gpuprov.lab.kube import deviceplugin, draplugin, selectors
 from gpuprov.lab.kube.backend import (
     ContainerRequest,
     NodeBackend,
@@ -35,7 +35,8 @@ from gpuprov.lab.kube.backend import (
     StartError,
 )
 from gpuprov.lab.kube.controllers import guarded
-from gpuprov.lab.kube.objects import is_device_plugin
+from gpuprov.lab.kube.controllers.resourceclaims import CLAIMS, claim_names
+from gpuprov.lab.kube.objects import is_device_plugin, is_dra_plugin
 from gpuprov.lab.kube.registry import (
     NODES,
     PODS,
@@ -101,6 +102,7 @@ class PodRun:
     devices: dict[str, list[str]]  # resource -> the device IDs (UUIDs) allocated to the pod
     containers: list[ContainerRun] = field(default_factory=list)
     simulated: bool = False  # the device plugin: no process, running until deleted
+    claims: tuple[str, ...] = ()  # UIDs of the ResourceClaims prepared for it
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,13 @@ class Kubelet:
         self.node_info: NodeInfo | None = None
         self.heartbeat_at = float("-inf")
         self.runtime_down_logged = ""  # the runtime error last logged
+        # NVIDIA's DRA plugin: the pod (UID) registered on this node, the GPUs it read when
+        # it started, the claims it has prepared (UID -> spec path), and the last prepare
+        # failure said per pod (an event once per cause, not at every pass).
+        self.dra_plugin: str | None = None
+        self.dra_gpus: list = []
+        self.prepared: dict[str, str] = {}
+        self.prepare_failed: dict[str, str] = {}
 
     @property
     def backend(self) -> NodeBackend:
@@ -212,6 +221,12 @@ class Kubelet:
         self.backend.collect(self.name, {p["metadata"]["uid"] for p in pods
                                          if not p["metadata"].get("deletionTimestamp")})
         node_faults = self.cluster.faults(self.name)
+        try:
+            self._sync_pods(pods, node_faults)
+        finally:
+            self._dra_cleanup()
+
+    def _sync_pods(self, pods: list[dict], node_faults: list[str]) -> None:
         for pod in pods:
             uid = pod["metadata"]["uid"]
             run = self.runs.get(uid)
@@ -259,6 +274,16 @@ class Kubelet:
             run.simulated = True
             self._plugin_start(pod)
             return run
+        if is_dra_plugin(pod):
+            run.simulated = True
+            self._dra_start(pod)
+            return run
+        claimed: dict[str, list[tuple[str, str]]] = {}
+        if spec.get("resourceClaims"):
+            prepared = self._prepare_claims(pod)
+            if prepared is None:
+                return None
+            claimed, run.claims = prepared
         answers: dict[str, deviceplugin.AllocateResponse] = {}
         for resource, ids in devices.items():
             answer = self._plugin_allocate(ids)
@@ -282,13 +307,115 @@ class Kubelet:
                 {**env, **(allocated.envs if allocated else {})},
                 mounts=allocated.mounts if allocated else (),
                 annotations=dict(allocated.annotations) if allocated else {},
-                cdi_devices=allocated.cdi_devices if allocated else (),
+                cdi_devices=(allocated.cdi_devices if allocated else ())
+                + _claim_cdi_ids(c, claimed),
                 privileged=bool(context.get("privileged")),
                 add_capabilities=tuple(capabilities.get("add") or ()),
                 drop_capabilities=tuple(capabilities.get("drop") or ()),
                 handler=handler, sandbox_privileged=sandbox_privileged)
             run.containers.append(ContainerRun(c["name"], request))
         return run
+
+    # -- NVIDIA's DRA plugin and the kubelet's DRA manager (pkg/kubelet/cm/dra) ---------------
+    def _dra_start(self, plugin: dict) -> None:
+        """The plugin pod starts: it reads the node's GPUs through NVML once and publishes the
+        node's ResourceSlice (a slice it published before is replaced, its pool's generation
+        one higher); a GPU NVML cannot describe stops it (the real plugin exits), with a
+        Warning event and no slice."""
+        gpus = self.cluster.gpus_of(self.name, refresh=True)
+        try:
+            new = draplugin.node_slice(self.name, gpus)
+        except draplugin.PluginError as exc:
+            self.cluster.event(plugin, "DRAPluginFailed", f"error creating driver: {exc}",
+                               "Warning")
+            return
+        old = self._node_slices()
+        new["spec"]["pool"]["generation"] = 1 + max(
+            (s["spec"]["pool"].get("generation", 0) for s in old), default=0)
+        for item in old:
+            self.cluster.registry.delete(R["ResourceSlice"], "", item["metadata"]["name"])
+        self.cluster.registry.create(R["ResourceSlice"], "", new)
+        self.dra_plugin, self.dra_gpus = plugin["metadata"]["uid"], list(gpus)
+
+    def _node_slices(self) -> list[dict]:
+        return self.cluster.registry.list(
+            R["ResourceSlice"],
+            field_selector=f"spec.nodeName={self.name},spec.driver={draplugin.DRIVER}")[0]
+
+    def _prepare_claims(self, pod: dict
+                        ) -> tuple[dict[str, list[tuple[str, str]]], tuple[str, ...]] | None:
+        """Each claim entry -> [(request, CDI ID)] of its devices, and the claims' UIDs; None
+        while the pod cannot start: a claim not allocated or not reserved for it yet (the
+        scheduler does both before the bind), or a prepare that failed (Warning event
+        FailedPrepareDynamicResources, retried at the next pass)."""
+        meta = pod["metadata"]
+        out: dict[str, list[tuple[str, str]]] = {}
+        uids = []
+        for entry, name in claim_names(pod).items():
+            claim = (self.cluster.registry.find(CLAIMS, meta["namespace"], name)
+                     if name else None)
+            status = (claim or {}).get("status") or {}
+            if claim is None or not status.get("allocation") or not any(
+                    r.get("uid") == meta["uid"] for r in status.get("reservedFor") or []):
+                self._waiting(pod, "ContainerCreating")
+                return None
+            problem = self._prepare(claim)
+            if isinstance(problem, str):
+                message = (f"Failed to prepare dynamic resources: NodePrepareResources "
+                           f"failed for ResourceClaim {name}: {problem}")
+                if self.prepare_failed.get(meta["uid"]) != message:
+                    self.prepare_failed[meta["uid"]] = message
+                    self.cluster.event(pod, "FailedPrepareDynamicResources", message,
+                                       "Warning")
+                self._waiting(pod, "ContainerCreating")
+                return None
+            out[entry] = problem
+            uids.append(claim["metadata"]["uid"])
+        self.prepare_failed.pop(meta["uid"], None)
+        return out, tuple(uids)
+
+    def _prepare(self, claim: dict) -> list[tuple[str, str]] | str:
+        """NodePrepareResources of one claim by the node's DRA plugin: its CDI spec written
+        (once: a prepared claim is a no-op, as the plugin's checkpoint makes it) and the
+        [(request, CDI ID)] of its devices, or the error."""
+        node_faults = self.cluster.faults(self.name)
+        if self.dra_plugin is None or "dra-plugin-unregistered" in node_faults:
+            # The kubelet's words (dra-driver-nvidia-gpu#814, kubernetes#133920): the driver
+            # has not registered on this node.
+            return f"DRA driver {draplugin.DRIVER} is not registered"
+        if "dra-prepare-fails" in node_faults:
+            return "prepare devices failed: lab fault dra-prepare-fails"
+        uid = claim["metadata"]["uid"]
+        try:
+            devices = draplugin.claim_devices(claim, self.dra_gpus)
+        except draplugin.PluginError as exc:
+            return str(exc)
+        if uid not in self.prepared:
+            path = draplugin.spec_path(uid)
+            problem = self.backend.write_claim_cdi_spec(
+                # dra-cdi-spec-empty: the devices are in the spec without their device nodes
+                # (#1380): the container starts with no GPU.
+                self.name, path, {draplugin.cdi_device(uid, d): (
+                    "" if "dra-cdi-spec-empty" in node_faults else gpu)
+                    for d, (_, gpu) in devices.items()})
+            if problem:
+                return f"failed to create CDI spec file for claim: {problem}"
+            self.prepared[uid] = path
+        return [(request, draplugin.cdi_id(uid, d)) for d, (request, _) in devices.items()]
+
+    def _dra_cleanup(self) -> None:
+        """Unprepare the claims no pod of this node runs with any more (their spec files go),
+        and, once the DRA plugin's pod is gone, delete the node's slices of its driver (the
+        kubelet does when a plugin deregisters)."""
+        used = {uid for run in self.runs.values() for uid in run.claims}
+        for uid in [u for u in self.prepared if u not in used]:
+            self.backend.delete_claim_cdi_spec(self.name, self.prepared.pop(uid))
+        for uid in [u for u in self.prepare_failed if u not in self.runs]:
+            self.prepare_failed.pop(uid)
+        if self.dra_plugin is not None and self.dra_plugin not in self.runs:
+            self.dra_plugin, self.dra_gpus = None, []
+            for item in self._node_slices():
+                self.cluster.registry.delete(R["ResourceSlice"], "", item["metadata"]["name"])
 
     def container_env(self, pod: dict, c: dict) -> dict[str, str]:
         """The container's environment from the pod spec (and, for the simulated device
@@ -515,6 +642,9 @@ class Kubelet:
         run = self.runs.get(uid)
         if run is None:
             return None
+        if run.simulated and uid == self.dra_plugin:
+            return (f"I0000 simulated NVIDIA DRA kubelet plugin on {self.name}: published "
+                    f"{len(self.dra_gpus)} GPUs in the node's ResourceSlice\n", True)
         if run.simulated:
             served = self.served(uid)
             if served is not None and served.error:
@@ -530,6 +660,22 @@ class Kubelet:
                     c.log = c.process.output()
                 return (c.previous_log if previous else c.log), c.process is not None
         return None
+
+
+def _claim_cdi_ids(container: dict, claimed: Mapping[str, list[tuple[str, str]]]
+                   ) -> tuple[str, ...]:
+    """The CDI IDs of the claims the container names in resources.claims, filtered by each
+    entry's `request` (a firstAvailable result "<request>/<sub>" counts for its request), as
+    the kubelet's DRA manager lists them for the CRI CDIDevices field (claiminfo.go
+    cdiDevicesAsList)."""
+    ids: list[str] = []
+    for ref in (container.get("resources") or {}).get("claims") or []:
+        want = ref.get("request")
+        for request, cdi in claimed.get(ref.get("name"), ()):
+            if (not want or request == want or request.startswith(want + "/")) \
+                    and cdi not in ids:
+                ids.append(cdi)
+    return tuple(ids)
 
 
 def _merge(answers: list[deviceplugin.AllocateResponse]

@@ -10,12 +10,20 @@ from gpuprov.lab.kube.store import now
 # How NVIDIA's device plugin is recognised: its container image (nvcr.io/nvidia/k8s-device-
 # plugin:<version> upstream; mirrors keep the repository name).
 DEVICE_PLUGIN_IMAGE = "k8s-device-plugin"
+# How NVIDIA's DRA kubelet plugin is recognised: its image (registry.k8s.io/dra-driver-nvidia-
+# gpu/... since the move to kubernetes-sigs; mirrors keep the repository name).
+DRA_PLUGIN_IMAGE = "dra-driver-nvidia-gpu"
 NOT_READY_TAINT = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
 UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 
 
 def is_device_plugin(pod: dict) -> bool:
     return any(DEVICE_PLUGIN_IMAGE in str(c.get("image", ""))
+               for c in pod["spec"].get("containers") or [])
+
+
+def is_dra_plugin(pod: dict) -> bool:
+    return any(DRA_PLUGIN_IMAGE in str(c.get("image", ""))
                for c in pod["spec"].get("containers") or [])
 
 

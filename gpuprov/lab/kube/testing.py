@@ -10,9 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+from gpuprov.lab import profiles
 from gpuprov.lab.cache import CONTAINERD
 from gpuprov.lab.kube.app import Emulator, write_kubeconfig
-from gpuprov.lab.kube.backend import FakeBackend, FakeNode, Gpu, RuntimeConfig
+from gpuprov.lab.kube.backend import FakeBackend, FakeNode, Gpu, GpuFacts, RuntimeConfig
 
 T = TypeVar("T")
 
@@ -53,13 +54,29 @@ def fake_uuids(node: str, count: int) -> list[str]:
     return [f"GPU-{digest:04x}{i:04x}-0000-4000-8000-{i:012x}" for i in range(count)]
 
 
+def lab_gpus(node: str, count: int) -> list[Gpu]:
+    """A fake node's GPUs with fake_uuids and, where the lab has a profile of that name, what
+    its simulated NVML answers of each GPU (GpuFacts: the profile's models, PCI buses, minors
+    and driver version)."""
+    uuids = fake_uuids(node, count)
+    profile = profiles.NODE_PROFILES.get(node)
+    if profile is None or profile.driver_version is None:
+        return [Gpu(u) for u in uuids]
+    version = profile.driver_version
+    return [Gpu(u, facts=GpuFacts(
+        g.minor_number, g.name, g.model.brand, g.model.nvml_architecture,
+        g.compute_capability, g.memory_total, g.pci_bus_id, version,
+        profiles.cuda_driver_version(version)))
+        for u, g in zip(uuids, profiles.expected_gpus(node, profile)[:count], strict=False)]
+
+
 def default_lab_backend(runtime: RuntimeConfig = NVIDIA_CONTAINERD) -> FakeBackend:
     """The default lab's shape: three GPU nodes with the NVIDIA runtime (`runtime`), one
     CPU node."""
     return FakeBackend({
-        "gpu-kepler": FakeNode([Gpu(u) for u in fake_uuids("gpu-kepler", 2)], runtime),
-        "gpu-pascal": FakeNode([Gpu(u) for u in fake_uuids("gpu-pascal", 4)], runtime),
-        "gpu-hopper": FakeNode([Gpu(u) for u in fake_uuids("gpu-hopper", 8)], runtime),
+        "gpu-kepler": FakeNode(lab_gpus("gpu-kepler", 2), runtime),
+        "gpu-pascal": FakeNode(lab_gpus("gpu-pascal", 4), runtime),
+        "gpu-hopper": FakeNode(lab_gpus("gpu-hopper", 8), runtime),
         "cpu-only": FakeNode([], PLAIN_CONTAINERD),
     })
 

@@ -5,6 +5,7 @@ level-triggered pass over the registry; Cluster.reconcile runs them in order on 
     nodes.sync_nodes              node status, NVIDIA device plugin registration
     daemonsets.sync_daemonsets    the DaemonSet controller
     jobs.sync_jobs                the Job controller
+    resourceclaims.sync_claims    the ResourceClaim controller (DRA)
     scheduler.schedule            kube-scheduler
     (kubelet.sync_kubelets        a kubelet per node: gpuprov.lab.kube.kubelet)
     disruption.sync_pdbs          the disruption controller (PodDisruptionBudget status)

@@ -1,0 +1,153 @@
+"""The simulated NVIDIA DRA kubelet plugin (gpu-kubelet-plugin of
+kubernetes-sigs/dra-driver-nvidia-gpu v0.4.1; SIMULATION: lab test infrastructure, never
+imported by production code). Its pod runs no process, like the simulated device plugin; the
+emulated kubelet (kubelet.py) calls what is here:
+
+- when its pod starts on a node, it publishes the node's ResourceSlice from the node's NVML,
+  read once (nvlib.go enumerates the devices once at start): driver `gpu.nvidia.com`, pool =
+  the node's name, one device per full GPU named `gpu-<minor>` (deviceinfo.go CanonicalName),
+  with the attributes of deviceinfo.go `Attributes` as nvlib.go `getGpuInfo` reads them
+  (go-nvlib's names for brand and architecture, versions through Masterminds semver, the PCI
+  bus ID as go-nvlib's GetPCIBusID writes it) and the capacity `memory` of partitions.go
+  `fullGpuCapacity` (bytes as a BinarySI quantity);
+- prepare: one CDI spec per claim, /var/run/cdi/k8s.gpu.nvidia.com-claim_<claimUID>.yaml, with
+  a device `<claimUID>-<device name>` per allocated device, and the CDI IDs
+  `k8s.gpu.nvidia.com/claim=<claimUID>-<device name>` (cdi.go CreateClaimSpecFile,
+  GetClaimDeviceName); unprepare deletes the file (DeleteClaimSpecFile).
+
+Not simulated (EMULATION.md): MIG devices (a GPU with MIG on is left out of the slice, as
+the plugin does when it has no MIG devices, but its MIG devices are not announced either),
+DynamicMIG, VFIO, time-slicing and MPS, opaque claim configs, the checkpoint, the gRPC
+registration and DRA services, the pcieRoot and addressingMode attributes, and device health.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+from gpuprov.lab.kube.backend import Gpu, GpuFacts
+
+DRIVER = "gpu.nvidia.com"
+CDI_VENDOR = "k8s." + DRIVER  # cdi.go cdiVendor
+CDI_CLASS = "claim"  # cdi.go cdiClaimClass
+CDI_ROOT = "/var/run/cdi"
+
+# go-nvlib pkg/nvlib/device/device.go GetArchitectureAsString (NVML's nvmlDeviceArchitecture_t).
+ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
+                 8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 0xFFFFFFFF: "Unknown"}
+# go-nvlib GetBrandAsString (NVML's nvmlBrandType).
+BRANDS = {0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
+          7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS",
+          11: "NvidiaCloudGaming", 12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia",
+          15: "GeForceRTX", 16: "TitanRTX"}
+_BUS_ID_PREFIX = re.compile(r"^0000[0-9a-f]{4}:")  # go-nvlib pciBusIDPrefixRE
+_BINARY_SI = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+
+
+class PluginError(Exception):
+    """The plugin cannot start on this node (the real one exits with the error)."""
+
+
+def semver(text: str) -> str:
+    """Masterminds semver's NewVersion then String(): missing parts are 0, leading zeros go
+    ("580.95.05" -> "580.95.5", "9.0" -> "9.0.0")."""
+    parts = text.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise PluginError(f"invalid semantic version: {text!r}")
+    parts += ["0"] * (3 - len(parts))
+    return ".".join(str(int(p)) for p in parts)
+
+
+def binary_si(value: int) -> str:
+    """A byte count as resource.NewQuantity(v, BinarySI) writes it: the largest power of
+    1024 that divides it exactly, else the plain number."""
+    for suffix in reversed(_BINARY_SI[1:]):
+        unit = 1024 ** (_BINARY_SI.index(suffix))
+        if value and value % unit == 0:
+            return f"{value // unit}{suffix}"
+    return str(value)
+
+
+def pci_bus_id(nvml_bus_id: str) -> str:
+    """go-nvlib GetPCIBusID: lower case, the 8-digit domain cut to 4."""
+    found = nvml_bus_id.lower()
+    return found[4:] if _BUS_ID_PREFIX.match(found) else found
+
+
+def device_name(facts: GpuFacts) -> str:
+    return f"gpu-{facts.minor}"
+
+
+def gpu_device(gpu: Gpu) -> dict:
+    """The slice's device for a full GPU."""
+    f = gpu.facts
+    if f is None:
+        raise PluginError(f"error getting GPU info for {gpu.uuid or 'a GPU'}: NVML did not "
+                          "answer")
+    if f.architecture not in ARCHITECTURES:
+        raise PluginError(f"error interpreting device architecture as string: "
+                          f"{f.architecture}")
+    if f.brand not in BRANDS:
+        raise PluginError(f"error interpreting device brand as string: {f.brand}")
+    cuda = f"{f.cuda_driver_version // 1000}.{(f.cuda_driver_version % 1000) // 10}"
+    return {
+        "name": device_name(f),
+        "attributes": {
+            "type": {"string": "gpu"},
+            "uuid": {"string": gpu.uuid},
+            "productName": {"string": f.name},
+            "brand": {"string": BRANDS[f.brand]},
+            "architecture": {"string": ARCHITECTURES[f.architecture]},
+            "cudaComputeCapability": {"version": semver(f.compute_capability)},
+            "driverVersion": {"version": semver(f.driver_version)},
+            "cudaDriverVersion": {"version": semver(cuda)},
+            "resource.kubernetes.io/pciBusID": {"string": pci_bus_id(f.pci_bus_id)},
+        },
+        "capacity": {"memory": {"value": binary_si(f.memory_total)}},
+    }
+
+
+def node_slice(node: str, gpus: Iterable[Gpu], generation: int = 1) -> dict:
+    """The node's ResourceSlice (driver.go publishResources: one slice, pool = node); GPUs
+    with MIG on are left out (nvlib.go: a MIG-enabled GPU is not a full GPU)."""
+    devices = [gpu_device(g) for g in gpus if g.healthy and not g.mig_enabled]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"generateName": f"{node}-{DRIVER}-"},
+            "spec": {"driver": DRIVER, "nodeName": node,
+                     "pool": {"name": node, "generation": generation,
+                              "resourceSliceCount": 1},
+                     "devices": devices}}
+
+
+def spec_path(claim_uid: str) -> str:
+    """cdi.go: GenerateTransientSpecName(vendor, class, claimUID) + ".yaml" under the CDI
+    root (the CDI library's transient name: `<vendor>-<class>_<id>`)."""
+    return f"{CDI_ROOT}/{CDI_VENDOR}-{CDI_CLASS}_{claim_uid}.yaml"
+
+
+def cdi_device(claim_uid: str, device: str) -> str:
+    """The spec's device name for an allocated device."""
+    return f"{claim_uid}-{device}"
+
+
+def cdi_id(claim_uid: str, device: str) -> str:
+    """cdi.go GetClaimDeviceName: the fully qualified CDI device the kubelet hands the
+    runtime."""
+    return f"{CDI_VENDOR}/{CDI_CLASS}={cdi_device(claim_uid, device)}"
+
+
+def claim_devices(claim: Mapping, gpus: Iterable[Gpu]) -> dict[str, tuple[str, str]]:
+    """Device name -> (request, GPU UUID) of the claim's results for this driver; PluginError
+    for a device the node's NVML does not have."""
+    by_name = {device_name(g.facts): g.uuid for g in gpus if g.facts is not None}
+    out: dict[str, tuple[str, str]] = {}
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices")
+               or {}).get("results") or []
+    for r in results:
+        if r.get("driver") != DRIVER:
+            continue
+        if r.get("device") not in by_name:
+            raise PluginError(f"allocated device {r.get('device')} not found on the node")
+        out[r["device"]] = (r.get("request", ""), by_name[r["device"]])
+    return out
