@@ -36,21 +36,6 @@ SITE = ("site.yml", "--skip-tags", "verify", *LAB_VARS)
 NAMESPACE = "default"
 
 
-@pytest.fixture(scope="module")
-def pascal_asks_for_dra(lab):
-    """A host_vars file for gpu-pascal with gpu_allocation: dra (as an admin writes it; the
-    other nodes keep the default), removed after; an earlier file is put back."""
-    path = lab.inventory_path.parent / "host_vars" / f"{NODE}.yml"
-    path.parent.mkdir(exist_ok=True)
-    before = path.read_text() if path.exists() else None
-    path.write_text((before or "") + "\ngpu_allocation: dra\n")
-    yield lab
-    if before is None:
-        path.unlink()
-    else:
-        path.write_text(before)
-
-
 def _cluster(lab) -> dict:
     """What a run could change in the cluster: DaemonSets, RuntimeClasses, ConfigMaps and the
     nodes' labels (api_objects), each node's cordon, the DRA driver's namespace and the
@@ -69,11 +54,23 @@ def _cluster(lab) -> dict:
 
 
 @pytest.fixture(scope="module")
-def refused(pascal_asks_for_dra, playbook):
-    lab = pascal_asks_for_dra
-    nodes, cluster = node_state(lab), _cluster(lab)
-    rc, doc = playbook("site.yml")
-    return rc, doc, (nodes, cluster), (node_state(lab), _cluster(lab))
+def refused(lab, playbook):
+    """site.yml with a host_vars file for gpu-pascal saying gpu_allocation: dra (as an admin
+    writes it; the other nodes keep the default), removed right after the run (an earlier
+    file is put back), with what the nodes and the cluster held before and after."""
+    path = lab.inventory_path.parent / "host_vars" / f"{NODE}.yml"
+    path.parent.mkdir(exist_ok=True)
+    before_file = path.read_text() if path.exists() else None
+    path.write_text((before_file or "") + "\ngpu_allocation: dra\n")
+    try:
+        nodes, cluster = node_state(lab), _cluster(lab)
+        rc, doc = playbook("site.yml")
+        return rc, doc, (nodes, cluster), (node_state(lab), _cluster(lab))
+    finally:
+        if before_file is None:
+            path.unlink()
+        else:
+            path.write_text(before_file)
 
 
 def test_a_containerd_1_6_node_asked_for_dra_is_refused_with_the_reasons(refused):
@@ -142,6 +139,8 @@ def _asks_for_dra(lab, on: bool) -> None:
 def hopper_on_dra(site_run, lab, playbook):
     """site.yml with gpu_allocation: dra for gpu-hopper, twice; after the module, gpu-hopper is
     back on the device plugin (switched back by the stage alone where a test did not)."""
+    rc, doc = site_run
+    assert rc == 0, "the converged lab is needed: " + playbook_failures(doc)
     _asks_for_dra(lab, True)
     first = playbook(*SITE)
     second = playbook(*SITE)
@@ -201,7 +200,7 @@ def _claim_pod(lab) -> None:
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "claim-holder"},
         "spec": {"restartPolicy": "Never",
                  "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
-                 "containers": [{"name": "main", "image": "docker.io/library/ubuntu:24.04",
+                 "containers": [{"name": "main", "image": lab.require().pod_image,
                                  "command": ["sleep", "3600"],
                                  "resources": {"claims": [{"name": "gpu"}]}}]}})
     deadline = time.monotonic() + 90
