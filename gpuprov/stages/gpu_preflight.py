@@ -13,6 +13,10 @@ filters). Which driver branch a node gets is gpuprov.nvidia.driver_branches.choo
                                           why the node cannot have its gpu_allocation (DRA
                                           needs Kubernetes, CDI and a driver branch recent
                                           enough: gpuprov/gpu_allocation.py), or None
+    dra_asked(hosts, hostvars)            whether a host of the play asks for dra (then the
+                                          preflight reads the cluster's versions)
+    cluster_versions(info, nodes, name)   the API server's version (k8s_cluster_info) and the
+                                          node's kubelet version (its Node's nodeInfo)
 """
 
 from __future__ import annotations
@@ -137,12 +141,43 @@ def os_problem(*, host: str, distribution: str, major: str, supported: Iterable[
 
 def allocation_problem(host: str, setting: Any, report: Mapping | None, *, api_server: Any = None,
                        kubelet: Any = None, runtime: str = "containerd", branch: Any = None,
-                       toolkit_mode: Any = None) -> str | None:
+                       toolkit_mode: Any = None, has_gpu: bool = True) -> str | None:
     """One line when the node's gpu_allocation is not a mode, or is dra on a node that cannot
     have it (None: fine). The node's facts come from its probe report (runtime package,
     containerd's enable_cdi, NVML's driver version, else the branch chosen for it) and from the
-    cluster (the API server's and the node's kubelet version)."""
+    cluster (the API server's and the node's kubelet version). A host without GPUs has no
+    allocation mode: only its value is checked (a group may set dra for all its hosts)."""
+    if not has_gpu:
+        try:
+            gpu_allocation.mode(setting)
+        except gpu_allocation.SettingError as exc:
+            return f"{host}: {exc}"
+        return None
     facts = gpu_allocation.from_report(
         report, api_server=api_server, kubelet=kubelet, runtime=runtime, branch=branch,
         toolkit_mode=toolkit_mode or "auto")
     return gpu_allocation.refusal(host, setting, facts)
+
+
+def dra_asked(hosts: Iterable[str], hostvars: Mapping[str, Any]) -> bool:
+    """Whether a host asks for dra; a value that is no mode is not (each host's own check
+    refuses it with its line)."""
+    for host in hosts:
+        try:
+            chosen = gpu_allocation.mode((hostvars.get(host) or {}).get(gpu_allocation.SETTING))
+        except gpu_allocation.SettingError:
+            continue
+        if chosen == gpu_allocation.DRA:
+            return True
+    return False
+
+
+def cluster_versions(info: Mapping | None, nodes: Iterable[Mapping], name: str) -> dict:
+    """{"api_server", "kubelet"}: the API server's gitVersion, as kubernetes.core.k8s_cluster_info
+    answers /version (version.server.kubernetes), and the node's status.nodeInfo.kubeletVersion
+    in a LIST of Nodes; None where the answer lacks one (a node not in the cluster yet)."""
+    server = ((((info or {}).get("version") or {}).get("server") or {}).get("kubernetes")
+              or {})
+    kubelet = next((((n.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion")
+                    for n in nodes if (n.get("metadata") or {}).get("name") == name), None)
+    return {"api_server": server.get("gitVersion"), "kubelet": kubelet}

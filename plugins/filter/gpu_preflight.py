@@ -18,8 +18,10 @@ both call gpuprov.
     supported_os | gpuprov_os_problem(host=..., distribution=..., major=..., os_id=...)
         -> what is wrong with the node's OS for gpu_preflight, or none
     gpu_allocation | gpuprov_allocation_problem(host, report, api_server=..., kubelet=...,
-                     runtime=..., branch=..., toolkit_mode=...)
+                     runtime=..., branch=..., toolkit_mode=..., has_gpu=...)
         -> why the node cannot have its allocation mode (device-plugin | dra), or none
+    hosts | gpuprov_dra_asked(hostvars)                  -> whether a host asks for dra
+    cluster_info | gpuprov_cluster_versions(nodes, name) -> {"api_server", "kubelet"}
 """
 
 from __future__ import annotations
@@ -98,17 +100,30 @@ def gpuprov_os_problem(supported: Any, host: Any, distribution: Any, major: Any,
 
 def gpuprov_allocation_problem(setting: Any, host: Any, report: Any = None, api_server: Any = None,
                                kubelet: Any = None, runtime: Any = "containerd",
-                               branch: Any = None, toolkit_mode: Any = None) -> str | None:
+                               branch: Any = None, toolkit_mode: Any = None,
+                               has_gpu: Any = True) -> str | None:
     if report is not None and not isinstance(report, Mapping):
         raise AnsibleFilterError(f"gpuprov_allocation_problem expects the probe report as a "
                                  f"mapping, got {report!r}")
     return support.stage("gpu_preflight").allocation_problem(
         str(host), support.text(setting), report, api_server=support.text(api_server),
         kubelet=support.text(kubelet), runtime=str(runtime or "containerd"),
-        branch=support.text(branch), toolkit_mode=support.text(toolkit_mode))
+        branch=support.text(branch), toolkit_mode=support.text(toolkit_mode),
+        has_gpu=support.truthy(has_gpu))
+
+
+def gpuprov_dra_asked(hosts: Any, hostvars: Mapping[str, Any]) -> bool:
+    return support.stage("gpu_preflight").dra_asked(
+        support.items(hosts, "gpuprov_dra_asked", "host names"), hostvars)
+
+
+def gpuprov_cluster_versions(info: Any, nodes: Any, name: Any) -> dict:
+    return support.stage("gpu_preflight").cluster_versions(
+        info if isinstance(info, Mapping) else None,
+        support.objects(nodes or [], "gpuprov_cluster_versions", "Node objects"), str(name))
 
 
 FilterModule = support.filter_module(
     gpuprov_classify, gpuprov_probe_gpus, gpuprov_choose_branch, gpuprov_node_python,
     gpuprov_probe_outcome, gpuprov_gpu_summary, gpuprov_choice_text, gpuprov_os_problem,
-    gpuprov_allocation_problem)
+    gpuprov_allocation_problem, gpuprov_dra_asked, gpuprov_cluster_versions)

@@ -68,6 +68,8 @@ def test_filters_are_registered():
         "gpuprov_choice_text",
         "gpuprov_os_problem",
         "gpuprov_allocation_problem",
+        "gpuprov_dra_asked",
+        "gpuprov_cluster_versions",
     }
     # The gpu_verify role's, in its own file.
     verify = _load("gpuprov_verify_filter_plugin", REPO / "plugins" / "filter" / "gpu_verify.py")

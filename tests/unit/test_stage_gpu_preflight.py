@@ -199,3 +199,32 @@ def test_an_unknown_runtime_version_and_docker_are_refused(gpuprov):
 def test_a_report_that_is_not_a_mapping_is_refused(gpuprov):
     with pytest.raises(AnsibleFilterError, match="expects the probe report as a mapping"):
         gpuprov.gpuprov_allocation_problem("dra", "gpu-hopper", ["not", "a", "report"])
+
+
+def test_a_host_without_gpus_has_only_its_value_checked(gpuprov):
+    # A group may set dra for all its hosts; a CPU node has no allocation mode to refuse.
+    assert gpuprov.gpuprov_allocation_problem("dra", "cpu-0", None, has_gpu=False) is None
+    assert gpuprov.gpuprov_allocation_problem("both", "cpu-0", None, has_gpu=False).startswith(
+        "cpu-0: gpu_allocation must be one of device-plugin, dra, got 'both'")
+
+
+def test_the_cluster_is_read_only_where_a_host_asks_for_dra(gpuprov):
+    hostvars = {"a": {}, "b": {"gpu_allocation": "device-plugin"}, "c": {"gpu_allocation": "x"}}
+    assert gpuprov.gpuprov_dra_asked(list(hostvars), hostvars) is False
+    hostvars["d"] = {"gpu_allocation": "DRA"}
+    assert gpuprov.gpuprov_dra_asked(list(hostvars), hostvars) is True
+
+
+def test_the_versions_are_the_api_servers_and_the_nodes_kubelets(gpuprov):
+    # k8s_cluster_info's answer: /version as the API server serves it (kubernetes/kubernetes
+    # staging/src/k8s.io/apimachinery/pkg/version/types.go Info's JSON names).
+    info = {"version": {"client": "34.1.0", "server": {"kubernetes": {
+        "major": "1", "minor": "34", "gitVersion": "v1.34.2", "platform": "linux/amd64"}}}}
+    nodes = [{"metadata": {"name": "gpu-hopper"},
+              "status": {"nodeInfo": {"kubeletVersion": "v1.34.1",
+                                      "containerRuntimeVersion": "containerd://2.1.9"}}}]
+    assert gpuprov.gpuprov_cluster_versions(info, nodes, "gpu-hopper") == {
+        "api_server": "v1.34.2", "kubelet": "v1.34.1"}
+    # Not read (no host asked for dra: the task was skipped), or a node not joined yet.
+    assert gpuprov.gpuprov_cluster_versions({"skipped": True}, [], "gpu-hopper") == {
+        "api_server": None, "kubelet": None}
