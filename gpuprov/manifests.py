@@ -143,13 +143,19 @@ def load_values(values_file: Path | str | None = None,
 
 
 def _environment(templates: Path) -> jinja2.Environment:
-    # Ansible's template defaults, and the two Ansible filters the templates use.
+    # Ansible's template defaults, and the Ansible filters the templates use (`bool` is
+    # Ansible's own: a value given as `-e name=false` arrives as the string "false").
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates)),
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
                              keep_trailing_newline=True, autoescape=False)
     env.filters["to_json"] = lambda value: json.dumps(value)
     env.filters["hash"] = lambda value, algo="sha1": hashlib.new(
         algo, str(value).encode()).hexdigest()
+    # Imported here: ansible's filter module takes a tenth of a second, which verify's pod
+    # phase (a manifests reader) need not pay unless it renders.
+    from ansible.plugins.filter.core import to_bool
+
+    env.filters["bool"] = to_bool
     return env
 
 

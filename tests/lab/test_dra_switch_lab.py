@@ -11,13 +11,17 @@ gpu-hopper (Debian 13, containerd 2.x, R580) is switched to DRA by site.yml on t
 lab, a second run changes nothing, and it is switched back, a pod holding a gpu.nvidia.com claim
 evicted first, to 8 nvidia.com/gpu. The lab's DRA plugin is the simulated one
 (gpuprov/lab/kube/draplugin.py, EMULATION.md). The module's teardown leaves gpu-hopper on the
-device plugin with 8 GPUs, as the session lab's other tests expect. verify's stage is skipped:
-its DRA checks are issue 35 item 3's (the coordinator drops the skip when they land).
+device plugin with 8 GPUs, as the session lab's other tests expect. Between the switches,
+`gpuprov verify` passes on every node, the DRA checks and claim smoke where DRA runs and the
+device plugin's where it runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -29,11 +33,10 @@ from gpuprov.nvidia import labels
 
 NODE = "gpu-pascal"
 HOPPER = "gpu-hopper"
-# The lab's API serves no ValidatingAdmissionPolicy (admissionregistration.k8s.io), which the
-# role's default nvidia_dra_driver_slice_policy renders.
-LAB_VARS = ("-e", '{"nvidia_dra_driver_slice_policy": false}')
-SITE = ("site.yml", "--skip-tags", "verify", *LAB_VARS)
 NAMESPACE = "default"
+# site.yml's own verify stage is left out of both runs: the module runs `gpuprov verify` once,
+# as JSON, after them (the same checks, one run instead of two, and a report it can read).
+SITE = ("site.yml", "--skip-tags", "verify")
 
 
 def _cluster(lab) -> dict:
@@ -154,7 +157,7 @@ def hopper_on_dra(site_run, lab, playbook):
             "resource.k8s.io", "v1", NAMESPACE, "resourceclaimtemplates", "one-gpu")
     node = _hopper(lab)
     if _deploy_labels(node) or node["spec"].get("unschedulable"):
-        rc, doc = playbook("playbooks/dra_driver.yml", *LAB_VARS)
+        rc, doc = playbook("playbooks/dra_driver.yml")
         assert rc == 0, playbook_failures(doc)
 
 
@@ -183,6 +186,27 @@ def test_a_second_run_changes_nothing(hopper_on_dra):
     _, _, (rc, doc) = hopper_on_dra
     assert rc == 0, playbook_failures(doc)
     assert {h: s["changed"] for h, s in doc["stats"].items()} == dict.fromkeys(doc["stats"], 0)
+
+
+def test_verify_passes_on_both_modes_each_node_checked_in_its_own(hopper_on_dra):
+    lab, _, _ = hopper_on_dra
+    proc = subprocess.run([sys.executable, "-m", "gpuprov", "verify", "-i",
+                           str(lab.inventory_path), "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.stdout.strip(), proc.stderr
+    doc = json.loads(proc.stdout)
+    status = {(r["node"], r["check"]): r["status"] for r in doc["results"]}
+    assert proc.returncode == 0, [r for r in doc["results"] if r["status"] == "fail"]
+    dra_checks = ("dra.plugin", "dra.slice", "dra.devices-vs-nvml", "dra.runtime",
+                  "dra.claim-count", "dra.claim-isolation", "dra.claim-selector",
+                  "dra.claim-unavailable", "dra.claim-cdi")
+    assert {c: status.get((HOPPER, c)) for c in dra_checks} == dict.fromkeys(dra_checks, "pass")
+    assert status[(HOPPER, "k8s.device-plugin")] == "skip"
+    assert status[(HOPPER, "pods.no-request")] == "pass"
+    for other in ("gpu-kepler", "gpu-pascal"):
+        assert status[(other, "k8s.device-plugin")] == "pass", other
+        assert status[(other, "pods.gpu-count")] == "pass", other
+        assert status[(other, "dra.slice")] == "skip", other
 
 
 def _claim_pod(lab) -> None:
@@ -218,7 +242,7 @@ def test_back_on_the_device_plugin_the_claim_pod_is_evicted_first_and_8_gpus_ret
     lab, _, _ = hopper_on_dra
     _claim_pod(lab)
     _asks_for_dra(lab, False)
-    rc, doc = playbook("playbooks/dra_driver.yml", *LAB_VARS)
+    rc, doc = playbook("playbooks/dra_driver.yml")
     assert rc == 0, playbook_failures(doc)
     evicted = [r for play in doc["plays"] for task in play["tasks"]
                if task["task"]["name"].endswith("Evict the node's GPU pods")

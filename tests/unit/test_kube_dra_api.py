@@ -79,6 +79,24 @@ def test_the_dra_drivers_device_classes_are_served(resource):
             resource.delete_device_class(body["metadata"]["name"])
 
 
+def test_the_dra_drivers_admission_policy_is_stored_and_served(api):
+    # Stored and served, not evaluated: the chart's policy and binding as the role applies them.
+    admission = client.AdmissionregistrationV1Api(api)
+    policy, binding = (o for o in manifests.dra_driver()
+                       if o["kind"].startswith("ValidatingAdmissionPolicy"))
+    admission.create_validating_admission_policy(policy)
+    admission.create_validating_admission_policy_binding(binding)
+    try:
+        served = admission.read_validating_admission_policy(policy["metadata"]["name"])
+        assert [v.expression for v in served.spec.validations] == \
+            [v["expression"] for v in policy["spec"]["validations"]]
+        assert admission.read_validating_admission_policy_binding(
+            binding["metadata"]["name"]).spec.policy_name == policy["metadata"]["name"]
+    finally:
+        admission.delete_validating_admission_policy_binding(binding["metadata"]["name"])
+        admission.delete_validating_admission_policy(policy["metadata"]["name"])
+
+
 def test_a_nodes_slice_is_found_by_node_and_driver(resource):
     resource.create_resource_slice(slice_body())
     resource.create_resource_slice(slice_body("gpu-pascal-gpu.nvidia.com", nodeName="gpu-pascal",

@@ -320,3 +320,28 @@ def test_each_container_gets_the_cdi_ids_of_the_requests_it_names():
     assert _claim_cdi_ids({"resources": {"claims": [{"name": "gpus", "request": "eval"}]}},
                           claimed) == ("k/claim=a-gpu-2",)
     assert _claim_cdi_ids({"name": "no-claims"}, claimed) == ()
+
+
+def test_the_driver_installed_in_the_node_is_the_one_published(simnvml_lab, tmp_path,
+                                                               monkeypatch):
+    """NVML in the node reports the driver package installed there (simnvml.c
+    installed_driver_version); LabBackend reads it from the host, through the node's root,
+    so that the slice says what the plugin in the node would read after a driver install."""
+    from gpuprov.lab.kube.backend import LabBackend
+
+    backend = LabBackend(simnvml_lab)
+    root = tmp_path / "root"
+    monkeypatch.setattr(backend, "_node_root", lambda node: str(root))
+    before = backend.gpus("gpu-hopper")
+    assert {g.facts.driver_version for g in before} == {"550.163.01"}  # the profile's
+    lib = root / "usr/lib/x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libnvidia-ml.so.580.178.04").write_text("")
+    status = root / "var/lib/dpkg/status"
+    status.parent.mkdir(parents=True)
+    status.write_text("Package: libnvidia-ml1\n")  # a package install touches dpkg's status
+    after = backend.gpus("gpu-hopper")
+    assert {g.facts.driver_version for g in after} == {"580.178.04"}
+    devices = draplugin.node_slice("gpu-hopper", after)["spec"]["devices"]
+    assert {d["attributes"]["driverVersion"]["version"] for d in devices} == {"580.178.4"}
+    assert {d["attributes"]["cudaDriverVersion"]["version"] for d in devices} == {"13.0.0"}

@@ -199,3 +199,14 @@ def test_ansible_renders_the_same_objects(tmp_path):
     template = ROOT / "templates" / manifests.DRA_DRIVER_TEMPLATE
     assert objects_by_ansible(tmp_path, template, ROLE / "defaults" / "main.yml", values) \
         == manifests.dra_driver(values)
+
+
+@pytest.mark.parametrize("given", ["false", "no", False])
+def test_the_slice_policy_turned_off_from_the_command_line_is_off(given):
+    # `-e nvidia_dra_driver_slice_policy=false` arrives as the string "false": truthy in plain
+    # Jinja, off in Ansible's `bool`, which the template and gpuprov manifests both apply.
+    values = {**manifests.load_values(None, None, manifests.DRA_ROLE),
+              "nvidia_dra_driver_slice_policy": given}
+    kinds = [o["kind"] for o in manifests.render(manifests.DRA_DRIVER_TEMPLATE, values)]
+    assert "DaemonSet" in kinds
+    assert not [k for k in kinds if k.startswith("ValidatingAdmissionPolicy")], kinds

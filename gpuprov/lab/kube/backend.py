@@ -575,9 +575,16 @@ class LabBackend:
         if not sim.is_dir():
             return []
         mig_state = sim.parent / "mig"  # simhw.MIG_STATE_DIR: the driver's MIG state
-        signature = tuple(sorted((str(p), p.stat().st_mtime_ns)
-                                 for p in [*sim.rglob("*"), *mig_state.glob("mig-state")]
-                                 if p.is_file()))
+        # NVML inside the node reports the driver installed there (simnvml.c
+        # installed_driver_version): read from here, it looks under the node's root, and a
+        # package installed or removed (dpkg's status file) is read again.
+        root = self._node_root(node)
+        packages = Path(root, "var/lib/dpkg/status") if root else None
+        signature = (root, tuple(sorted(
+            (str(p), p.stat().st_mtime_ns)
+            for p in [*sim.rglob("*"), *mig_state.glob("mig-state"),
+                      *([packages] if packages is not None and packages.exists() else [])]
+            if p.is_file())))
         cached = self._gpu_cache.get(node)
         if cached and cached[0] == signature:
             return cached[1]
@@ -585,6 +592,8 @@ class LabBackend:
         env["GPUPROV_SIM_DIR"] = str(sim)
         env["GPUPROV_SIM_STATE_DIR"] = str(mig_state)
         env["LD_LIBRARY_PATH"] = str(self.lab_dir / "nvml")
+        if root:
+            env["GPUPROV_SIM_DRIVER_ROOT"] = root
         proc = subprocess.run([sys.executable, "-c", _NVML_SCRIPT], env=env,
                               capture_output=True, text=True, timeout=30, check=False)
         try:

@@ -108,6 +108,12 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
     ResourceType("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
                  False),
+    # Stored and served, not evaluated (no admission here): NVIDIA's DRA driver chart ships
+    # one, which confines its plugin's service account to its own node's ResourceSlices.
+    ResourceType("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies",
+                 "ValidatingAdmissionPolicy", False, (), (STATUS,)),
+    ResourceType("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
+                 "ValidatingAdmissionPolicyBinding", False),
 )
 
 BY_KEY = {r.key: r for r in RESOURCES}

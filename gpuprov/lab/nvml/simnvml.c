@@ -898,8 +898,12 @@ static nvmlReturn_t load_state(struct sim_state *st)
     if (st->fault_version_mismatch)
         return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
     {
+        /* GPUPROV_SIM_DRIVER_ROOT: the emulated kubelet reads a node's NVML from the host,
+         * where the driver installed in the node is under its container's root. */
+        const char *driver_root = getenv("GPUPROV_SIM_DRIVER_ROOT");
         char installed[80];
-        if (installed_driver_version(st->node_root, installed, sizeof installed) == 0)
+        if (installed_driver_version(driver_root && *driver_root ? driver_root : st->node_root,
+                                     installed, sizeof installed) == 0)
             memcpy(st->driver_version, installed, sizeof installed);
     }
     if (!st->driver_version[0]) {
