@@ -253,6 +253,18 @@ class NodeRunner:
         return SmokeRun(kind, gpus, self._records(pods, timed_out),
                         resource=self.target.resource if gpus else GPU_RESOURCE)
 
+    def _all_printed(self, pods: list[dict], printed: dict[str, str]) -> bool:
+        """Whether each pod's log shows its GPUs yet (kept in `printed`, name -> log): a pod's
+        log is read until it does, one request per pod still silent."""
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            if name not in printed:
+                text = self.api.log(self.ns, name)
+                if not gpu_uuids(text):
+                    return False
+                printed[name] = text
+        return True
+
     def isolation(self) -> SmokeRun:
         free = self.target.allocatable - self.target.allocated
         count = min(free, MAX_ISOLATION_PODS)
@@ -273,18 +285,10 @@ class NodeRunner:
         def all_running(pods: list[dict]) -> bool:
             return all(_pod_state(p)[0] == "Running" for p in pods)
 
-        # A pod's log is read until it shows its GPU: one request per pod still silent.
         printed: dict[str, str] = {}
 
         def all_printed(pods: list[dict]) -> bool:
-            for pod in pods:
-                name = pod["metadata"]["name"]
-                if name not in printed:
-                    text = self.api.log(self.ns, name)
-                    if not gpu_uuids(text):
-                        return False
-                    printed[name] = text
-            return True
+            return self._all_printed(pods, printed)
 
         pods = self._wait("isolation", count, all_running)
         # Running together; what each printed is in its log, which no watch reports.
@@ -451,14 +455,7 @@ class DraNodeRunner(NodeRunner):
                 return True
             if not all(_pod_state(p)[0] == "Running" for p in pods):
                 return False
-            for pod in pods:
-                name = pod["metadata"]["name"]
-                if name not in printed:
-                    text = self.api.log(self.ns, name)
-                    if not gpu_uuids(text):
-                        return False
-                    printed[name] = text
-            return True
+            return self._all_printed(pods, printed)
 
         pods = self._wait(kind, count, ready)
         deadline = time.monotonic() + self.timeout

@@ -36,11 +36,15 @@ MIG = "gpu.mig"
 # nvidia_driver_allow_vulnerable) and passes on gpu-hopper's fixed R580: checked on its own.
 SECURITY = "driver.security"
 # A Kubernetes node's checks (the Docker hosts' container and swarm phases are another lab's).
+# The lab's GPU nodes run the device plugin here (gpu_allocation's default): the dra.* checks
+# skip on them (tests/lab/test_dra_switch_lab.py has a DRA node).
+DRA_CHECKS = {c for c in CHECKS if c.startswith("dra.")}
 EVERY_CHECK = {c for c, spec in CHECKS.items() if spec.phase in ("node", "cluster", "pod")} \
-    - {"pods.cuda-compat", EOL, NEXT_BOOT, MIG, SECURITY}  # --image
+    - {"pods.cuda-compat", EOL, NEXT_BOOT, MIG, SECURITY} - DRA_CHECKS  # --image
 # Read at import: without the registration above it was empty whenever this module was
 # collected before any module that imports the checks (the tests below then compared nothing).
 assert len(EVERY_CHECK) > 20 and "k8s.health" in EVERY_CHECK, EVERY_CHECK
+assert len(DRA_CHECKS) >= 9, DRA_CHECKS
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +121,7 @@ def test_healthy_lab_passes_every_check_on_every_gpu_node(verify, core):
         got = {r["check"]: r["status"] for r in doc["results"] if r["node"] == node}
         assert set(got) >= EVERY_CHECK, node
         assert {c: got[c] for c in EVERY_CHECK} == dict.fromkeys(EVERY_CHECK, "pass"), node
+        assert {c: got[c] for c in DRA_CHECKS} == dict.fromkeys(DRA_CHECKS, "skip"), node
     # Debian 12's 470 and 535 are past NVIDIA's end of life (2024-07, 2026-06): warnings, exit
     # 0; gpu-hopper's R580 LTSB passes until 90 days before its end (2028-06).
     eol = {r["node"]: r for r in doc["results"] if r["check"] == EOL}
@@ -290,7 +295,8 @@ def test_stopped_node_is_exit_3_and_the_others_are_fully_checked(lab, verify,
     for node in ("gpu-pascal", "gpu-hopper"):
         got = {r["check"]: r["status"] for r in doc["results"] if r["node"] == node}
         node_checks = {c for c, spec in CHECKS.items()
-                       if spec.phase in ("node", "cluster") and c not in (EOL, NEXT_BOOT, MIG)}
+                       if spec.phase in ("node", "cluster") and c not in (EOL, NEXT_BOOT, MIG)
+                       and c not in DRA_CHECKS}
         expected = dict.fromkeys(node_checks, "pass")
         # Debian 12's 535 on gpu-pascal is below NVIDIA's fixes, accepted by the lab inventory.
         expected[SECURITY] = "pass" if node == "gpu-hopper" else "warn"

@@ -9,12 +9,12 @@ gpuprov renders them; the slices carry the attributes its plugin publishes (devi
 from __future__ import annotations
 
 import pytest
+from test_kube_dra_allocation import PASCAL, gpu, node_slice
 
 from gpuprov import manifests
 from gpuprov.lab.kube import dra
 from gpuprov.lab.kube.registry import PODS, R
 from gpuprov.lab.kube.testing import running_emulator, wait_for
-from tests.unit.test_kube_dra_allocation import PASCAL, gpu, node_slice
 
 CLAIMS, TEMPLATES = R["ResourceClaim"], R["ResourceClaimTemplate"]
 HOPPER = node_slice("gpu-hopper", [gpu(i) for i in range(2)])

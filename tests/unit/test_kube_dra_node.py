@@ -16,13 +16,13 @@ import os
 import stat
 
 import pytest
+from test_verify_pods import FAKE_NVIDIA_SMI
 
 from gpuprov import manifests
 from gpuprov.lab import profiles
 from gpuprov.lab.kube import draplugin, faults
 from gpuprov.lab.kube.registry import NODES, PODS, R
 from gpuprov.lab.kube.testing import default_lab_backend, fake_uuids, running_emulator, wait_for
-from tests.unit.test_verify_pods import FAKE_NVIDIA_SMI
 
 CLAIMS, SLICES = R["ResourceClaim"], R["ResourceSlice"]
 DRA_NS = "nvidia-dra-driver-gpu"

@@ -12,6 +12,7 @@ import stat
 
 import pytest
 from kubernetes import client
+from test_verify_pods import FAKE_NVIDIA_SMI
 
 from gpuprov import manifests
 from gpuprov.lab.kube.registry import NODES, R
@@ -24,7 +25,6 @@ from gpuprov.verify import (
 from gpuprov.verify.facts import PodFacts
 from gpuprov.verify.findings import CHECKS, PASS
 from gpuprov.verify.inventory import Node
-from tests.unit.test_verify_pods import FAKE_NVIDIA_SMI
 
 NODE = "gpu-hopper"
 KINDS = ("claim-count", "claim-isolation", "claim-selector", "claim-unavailable")
