@@ -174,8 +174,13 @@ def test_site_yml_switches_gpu_hopper_to_dra_and_the_others_stay(hopper_on_dra):
     mine = [s for s in _slices(lab) if s["spec"]["nodeName"] == HOPPER]
     assert [s["spec"]["driver"] for s in mine] == ["gpu.nvidia.com"]
     assert len(mine[0]["spec"]["devices"]) == 8
-    others = {h: s["changed"] for h, s in doc["stats"].items() if h != HOPPER}
-    assert others == dict.fromkeys(others, 0), others
+    # On the other nodes nothing changed but the cluster's DRA objects, created once from the
+    # controller (a run_once task, reported under the play's first host).
+    others = {(host, task["task"]["name"]) for play in doc["plays"] for task in play["tasks"]
+              for host, result in task["hosts"].items()
+              if host != HOPPER and result.get("changed")}
+    assert {name for _, name in others} <= {
+        "Apply the DRA driver's namespace, RBAC, DaemonSet and DeviceClasses"}, others
     core = client.CoreV1Api(kube_api(lab))
     for other in ("gpu-kepler", "gpu-pascal"):
         n = core.read_node(other).to_dict()
