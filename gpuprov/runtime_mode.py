@@ -91,6 +91,25 @@ def containerd_cdi_default(version: tuple[int, int] | None) -> bool:
     return version is not None and version >= CONTAINERD_CDI_DEFAULT_ON
 
 
+def containerd_cdi_problem(section: dict, version: tuple[int, int] | None
+                           ) -> tuple[dict, str | None]:
+    """containerd's CDI settings as the probe read them from its config (`section`: the
+    report's container_runtime.containerd) and what keeps CDI devices from a pod: CDI off, or
+    /var/run/cdi, where the toolkit, the device plugin and the DRA driver write their specs, not
+    among cdi_spec_dirs. Both the toolkit's cdi mode and a DRA node need this of containerd."""
+    enabled = section.get("enable_cdi")
+    if enabled is None:
+        enabled = containerd_cdi_default(version)
+    dirs = section.get("cdi_spec_dirs")
+    settings = {"enable_cdi": enabled, "cdi_spec_dirs": dirs}
+    if not enabled:
+        return settings, "CDI is off in containerd (enable_cdi)"
+    if dirs is not None and CDI_SPEC_DIR not in dirs:
+        return settings, (f"containerd's cdi_spec_dirs {dirs} leave out {CDI_SPEC_DIR}, where "
+                          "the toolkit and the GPU drivers write their specs")
+    return settings, None
+
+
 def choose(setting: object, runtime: str, version_text: object = None) -> Choice:
     """The mode for a node: `setting` is nvidia_container_toolkit_mode (auto | cdi | legacy),
     `runtime` nvidia_container_toolkit_runtime, `version_text` what the runtime's --version

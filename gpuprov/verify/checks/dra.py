@@ -331,18 +331,11 @@ def runtime(facts: ClusterFacts) -> Verdict:
         return passed(f"{name} {text}: CDI always on", **details)
     if section.get("version_error"):
         return problem(section["version_error"], **details)
-    enabled = section.get("enable_cdi")
-    if enabled is None:
-        enabled = runtime_mode.containerd_cdi_default(version)
-    dirs = section.get("cdi_spec_dirs")
-    details.update(enable_cdi=enabled, cdi_spec_dirs=dirs)
-    if not enabled:
-        return problem(f"containerd {text} has CDI off (enable_cdi): claimed GPUs never reach "
-                       "the pod", **details)
-    if dirs is not None and runtime_mode.CDI_SPEC_DIR not in dirs:
-        return problem(f"containerd's cdi_spec_dirs {dirs} leave out "
-                       f"{runtime_mode.CDI_SPEC_DIR}, where the driver writes each claim's "
-                       "spec", **details)
+    settings, wrong = runtime_mode.containerd_cdi_problem(section, version)
+    details.update(settings)
+    if wrong:
+        return problem(f"containerd {text}: {wrong}: claimed GPUs never reach the pod",
+                       **details)
     return passed(f"containerd {text}, CDI on", **details)
 
 

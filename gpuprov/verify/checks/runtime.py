@@ -48,18 +48,12 @@ def _cdi_mode(facts: NodeFacts, runtime_name: str, version: str | None,
     section = runtime.get(runtime_name) or {}
     details = {"mode": choice.mode, "runtime": runtime_name, "runtime_version": version}
     if runtime_name == "containerd":
-        enabled = section.get("enable_cdi")
-        if enabled is None:
-            enabled = runtime_mode.containerd_cdi_default(runtime_mode.runtime_version(version))
-        dirs = section.get("cdi_spec_dirs")
-        details.update(enable_cdi=enabled, cdi_spec_dirs=dirs)
-        if not enabled:
-            return problem(f"cdi mode ({choice.reason}), but CDI is off in containerd "
-                           "(enable_cdi): pods get no GPU", **details)
-        if dirs is not None and runtime_mode.CDI_SPEC_DIR not in dirs:
-            return problem(f"cdi mode, but containerd's cdi_spec_dirs {dirs} leave out "
-                           f"{runtime_mode.CDI_SPEC_DIR}, where the toolkit and the device "
-                           "plugin write their specs", **details)
+        settings, wrong = runtime_mode.containerd_cdi_problem(
+            section, runtime_mode.runtime_version(version))
+        details.update(settings)
+        if wrong:
+            return problem(f"cdi mode ({choice.reason}), but {wrong}: pods get no GPU",
+                           **details)
     specs = runtime.get("cdi_specs") or []
     record = next((s for s in specs if s.get("path") == runtime_mode.CDI_SPEC), None)
     nvml = facts.nvml
