@@ -338,10 +338,14 @@ class NodeRunner:
         return self._one_pod("no-request", f"{self.prefix}-no-request", 0, NO_REQUEST_COMMAND,
                              visible_devices="all")
 
-    def run(self, kinds: Sequence[str]) -> dict[str, SmokeRun]:
-        runs: dict[str, SmokeRun] = {}
-        for kind, step in (("gpu-count", self.gpu_count), ("isolation", self.isolation),
-                           ("batch-job", self.batch_job), ("no-request", self.no_request)):
+    def steps(self) -> tuple[tuple[str, Callable[[], Any], type], ...]:
+        """The smoke runs in order: (kind, run, the record type an API refusal becomes)."""
+        return (("gpu-count", self.gpu_count, SmokeRun), ("isolation", self.isolation, SmokeRun),
+                ("batch-job", self.batch_job, SmokeRun), ("no-request", self.no_request, SmokeRun))
+
+    def run(self, kinds: Sequence[str]) -> dict[str, Any]:
+        runs: dict[str, Any] = {}
+        for kind, step, record in self.steps():
             if kind not in kinds:
                 continue
             try:
@@ -350,7 +354,7 @@ class NodeRunner:
                 raise
             except Exception as exc:  # the API refused: reported on this node's line
                 log.debug("smoke %s on %s", kind, self.target.node, exc_info=True)
-                runs[kind] = SmokeRun(kind, 0, error=_api_error(exc))
+                runs[kind] = record(kind, 0, error=_api_error(exc))
         return runs
 
 
@@ -529,24 +533,12 @@ class DraNodeRunner(NodeRunner):
         self._wait(kind, 0, lambda ps: not ps)
         return ClaimRun(kind, 1, records)
 
-    def run(self, kinds: Sequence[str]) -> dict[str, Any]:  # type: ignore[override]
-        runs: dict[str, Any] = {}
-        steps = (("claim-count", self.claim_count), ("claim-isolation", self.claim_isolation),
-                 ("claim-selector", self.claim_selector),
-                 ("claim-unavailable", self.claim_unavailable),
-                 ("no-request", self.no_request))
-        for kind, step in steps:
-            if kind not in kinds:
-                continue
-            try:
-                runs[kind] = step()
-            except Interrupted:
-                raise
-            except Exception as exc:  # the API refused: reported on this node's line
-                log.debug("claim smoke %s on %s", kind, self.target.node, exc_info=True)
-                runs[kind] = (SmokeRun(kind, 0, error=_api_error(exc)) if kind == "no-request"
-                              else ClaimRun(kind, 0, error=_api_error(exc)))
-        return runs
+    def steps(self) -> tuple[tuple[str, Callable[[], Any], type], ...]:
+        return (("claim-count", self.claim_count, ClaimRun),
+                ("claim-isolation", self.claim_isolation, ClaimRun),
+                ("claim-selector", self.claim_selector, ClaimRun),
+                ("claim-unavailable", self.claim_unavailable, ClaimRun),
+                ("no-request", self.no_request, SmokeRun))
 
 
 def _api_error(exc: Exception) -> str:
