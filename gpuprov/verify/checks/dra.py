@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuprov import runtime_mode
+from gpuprov.verify import claims
 from gpuprov.verify.checks import k8s
 from gpuprov.verify.checks._util import gpu_label
 from gpuprov.verify.facts import ClusterFacts
@@ -375,6 +376,19 @@ def _record_details(record: Any) -> dict[str, Any]:
             "unpublished": list(record.unknown)}
 
 
+def _one_claim_seen(facts: Any, kind: str) -> tuple[Any, Any, dict[str, Any], Verdict | None]:
+    """The run of a one-pod claim smoke, its record and details, or the verdict that ends the
+    check first: not run, or the pod not running with GPUs seen."""
+    run, reason = _claim_run(facts, kind)
+    if reason:
+        return run, None, {}, reason
+    record = run.records[0]
+    details = _record_details(record)
+    if (why := _not_seen(record)) is not None:
+        return run, record, details, problem(why, **details)
+    return run, record, details, None
+
+
 @check(
     "dra.claim-count",
     phase="pod",
@@ -385,15 +399,9 @@ def _record_details(record: Any) -> dict[str, Any]:
     "(NodePrepareResources); containerd must have CDI on (dra.runtime)",
 )
 def claim_count(facts: Any) -> Verdict:
-    from gpuprov.verify import claims
-
-    run, reason = _claim_run(facts, "claim-count")
+    run, record, details, reason = _one_claim_seen(facts, "claim-count")
     if reason:
         return reason
-    record = run.records[0]
-    details = _record_details(record)
-    if (why := _not_seen(record)) is not None:
-        return problem(why, **details)
     if record.unknown:
         return problem(f"allocated devices no slice publishes: {', '.join(record.unknown)}",
                        **details)
@@ -414,8 +422,6 @@ def claim_count(facts: Any) -> Verdict:
     "checkpoint.json)",
 )
 def claim_isolation(facts: Any) -> Verdict:
-    from gpuprov.verify import claims
-
     run, reason = _claim_run(facts, "claim-isolation")
     if reason:
         return reason
@@ -445,13 +451,9 @@ def claim_isolation(facts: Any) -> Verdict:
     "node's devices are all held: kubectl get resourceclaims -A",
 )
 def claim_selector(facts: Any) -> Verdict:
-    run, reason = _claim_run(facts, "claim-selector")
+    _, record, details, reason = _one_claim_seen(facts, "claim-selector")
     if reason:
         return reason
-    record = run.records[0]
-    details = _record_details(record)
-    if (why := _not_seen(record)) is not None:
-        return problem(why, **details)
     if record.node != facts.node.node_name:
         return problem(f"the claim was allocated on {record.node}, not here", **details)
     if sorted(record.pod.uuids) != sorted(record.uuids) or len(record.uuids) != 1:
@@ -470,8 +472,6 @@ def claim_selector(facts: Any) -> Verdict:
     "attributes are wrong (dra.devices-vs-nvml) or the DeviceClass selects too much",
 )
 def claim_unavailable(facts: Any) -> Verdict:
-    from gpuprov.verify import claims
-
     run, reason = _claim_run(facts, "claim-unavailable")
     if reason:
         return reason
@@ -497,8 +497,6 @@ def claim_unavailable(facts: Any) -> Verdict:
     "NodeUnprepareResources); none while running: the plugin did not prepare it",
 )
 def claim_cdi(facts: Any) -> Verdict:
-    from gpuprov.verify import claims
-
     run, reason = _claim_run(facts, "claim-count")
     if reason:
         return reason
