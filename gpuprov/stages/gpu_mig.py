@@ -7,7 +7,8 @@ The steps and the Kubernetes keys follow NVIDIA's mig-manager (NVIDIA/mig-parted
 pkg/mig/reconfigure/reconfigure.go, read 2026-11-26): `nvidia.com/mig.config` names the layout
 and `nvidia.com/mig.config.state` says `pending` while it changes, then `success` or `failed`;
 the device plugin is taken off the node with `nvidia.com/gpu.deploy.device-plugin=
-paused-for-mig-change` and given back the label's earlier value. Unlike mig-manager the node is
+paused-for-mig-change` and given back the label's earlier value (on a DRA node, NVIDIA's DRA
+driver likewise with `nvidia.com/gpu.deploy.dra-driver`). Unlike mig-manager the node is
 also cordoned and its GPU pods are evicted first (mig-manager expects the GPUs idle), and a
 failure keeps it cordoned with the reason in an annotation, so that it is never left with no
 GPUs and no word why (gpu-operator issue #2833).
@@ -36,7 +37,18 @@ OWNER = "gpu-mig"  # gpuprov/cordon.py's owner: the gpuprov.io/mig-* annotations
 FAILED = cordon.keys(OWNER).failed
 WAS_CORDONED = cordon.keys(OWNER).was_cordoned
 PLUGIN_WAS = "gpuprov.io/mig-device-plugin-deploy"  # "" where the label was not set
-ANNOTATIONS = (*cordon.keys(OWNER).all, PLUGIN_WAS)
+# A node on NVIDIA's DRA driver (gpu_allocation: dra): its kubelet plugin enumerates the MIG
+# devices once, at start (kubernetes-sigs/dra-driver-nvidia-gpu v0.4.1 cmd/gpu-kubelet-plugin/
+# nvlib.go GetPerGpuAllocatableDevices, "called once upon startup"), so it is paused as the
+# device plugin is and its new pod publishes the new layout; the label's value before is kept.
+DRA_DEPLOY_LABEL = labels.DEPLOY_DRA_DRIVER
+DRA_WAS = "gpuprov.io/mig-dra-driver-deploy"
+ANNOTATIONS = (*cordon.keys(OWNER).all, PLUGIN_WAS, DRA_WAS)
+# The pods of each GPU plugin the stage waits to leave the node (the pod labels of
+# templates/nvidia-device-plugin.yml.j2 and templates/nvidia-dra-driver.yml.j2).
+DEVICE_PLUGIN_SELECTOR = "app.kubernetes.io/name=nvidia-device-plugin"
+DRA_PLUGIN_SELECTOR = ("app.kubernetes.io/name=nvidia-dra-driver-gpu,"
+                       "dra-driver-nvidia-gpu-component=kubelet-plugin")
 # playbooks/mig.yml: nodes whose layout changes (or an earlier change did not finish) go one
 # batch at a time (cordoned meanwhile); the others need no batch of their own.
 GROUP_CHANGE = "gpu_mig_change"
@@ -137,6 +149,14 @@ def plan(report: Mapping[str, Any], config: str | None, configs: Any = None,
     if plugin_was == PAUSED:  # paused by someone else's unfinished change: give it back on
         plugin_was = ""
     restore_plugin = plugin_was or None  # None removes the label
+    # The DRA driver's label is paused only where the node has it (a DRA node), so that a
+    # device-plugin node gets no label it did not have.
+    dra_was = annotations.get(DRA_WAS, _labels(node).get(DRA_DEPLOY_LABEL) or "")
+    if dra_was == PAUSED:
+        dra_was = ""
+    dra = bool(dra_was) and dra_was != "false"
+    take_dra = {DRA_DEPLOY_LABEL: PAUSED} if dra else {}
+    give_dra = {DRA_DEPLOY_LABEL: dra_was} if dra else {}
     success = {CONFIG_LABEL: str(config), STATE_LABEL: "success"}
     if not capable:
         summary = "no MIG-capable GPU on the node: nothing to change"
@@ -167,20 +187,27 @@ def plan(report: Mapping[str, Any], config: str | None, configs: Any = None,
         # value recorded, so that a run stopped at any point is finished by the next one.
         "take_patch": {
             "metadata": {"labels": {CONFIG_LABEL: str(config), STATE_LABEL: "pending",
-                                    PLUGIN_DEPLOY_LABEL: PAUSED},
-                         "annotations": {PLUGIN_WAS: plugin_was}},
+                                    PLUGIN_DEPLOY_LABEL: PAUSED, **take_dra},
+                         "annotations": {PLUGIN_WAS: plugin_was,
+                                         **({DRA_WAS: dra_was} if dra else {})}},
         },
         "done_patch": {
-            "metadata": {"labels": {**success, PLUGIN_DEPLOY_LABEL: restore_plugin},
-                         "annotations": {PLUGIN_WAS: None}},
+            "metadata": {"labels": {**success, PLUGIN_DEPLOY_LABEL: restore_plugin,
+                                    **give_dra},
+                         "annotations": {PLUGIN_WAS: None, DRA_WAS: None}},
         },
+        # On a DRA node the DRA plugin's pod is the one to wait for (the device plugin does
+        # not run there), and pods holding gpu.nvidia.com claims are GPU pods too.
+        "dra": dra,
+        "plugin_selector": DRA_PLUGIN_SELECTOR if dra else DEVICE_PLUGIN_SELECTOR,
         # A node whose layout is in place: only mig-manager's labels (no change when they are
         # there already).
         "labels_patch": {"metadata": {"labels": success}} if capable else None,
         # The node stays cordoned, `failed`; the device plugin comes back, so that the GPUs
         # the node still has are offered (and counted by verify) rather than none.
         "failed_patch": {"metadata": {"labels": {STATE_LABEL: "failed",
-                                                 PLUGIN_DEPLOY_LABEL: restore_plugin}}},
+                                                 PLUGIN_DEPLOY_LABEL: restore_plugin,
+                                                 **give_dra}}},
     }
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.nvidia import mig
+from gpuprov.nvidia import labels, mig
 from gpuprov.stages import gpu_mig
 from gpuprov.stages import gpu_node_maintenance as maintenance
 
@@ -77,7 +77,8 @@ def test_the_patches_cordon_pause_the_plugin_and_give_back_what_was_there():
     assert annotations[gpu_mig.PLUGIN_WAS] == "true"
     assert annotations["gpuprov.io/mig-cordon-reason"] == (
         "gpuprov is changing the MIG layout to all-1g.10gb")
-    assert set(annotations) == set(gpu_mig.ANNOTATIONS) - {gpu_mig.FAILED}
+    assert set(annotations) == set(gpu_mig.ANNOTATIONS) - {gpu_mig.FAILED, gpu_mig.DRA_WAS}
+    assert found["dra"] is False and found["plugin_selector"] == gpu_mig.DEVICE_PLUGIN_SELECTOR
     taken = node(labels=start["metadata"]["labels"], annotations=annotations, cordoned=True)
     done = maintenance.give_back(taken, gpu_mig.OWNER, found["done_patch"])
     assert done["spec"] == {"unschedulable": False}
@@ -89,6 +90,43 @@ def test_the_patches_cordon_pause_the_plugin_and_give_back_what_was_there():
     assert failed == {"spec": {"unschedulable": True}, "metadata": {
         "labels": {gpu_mig.STATE_LABEL: "failed", gpu_mig.PLUGIN_DEPLOY_LABEL: "true"},
         "annotations": {gpu_mig.FAILED: "Apply: why"}}}
+
+
+def test_on_a_dra_node_the_dra_driver_is_paused_too_and_given_back_after():
+    """A DRA node (gpu_allocation: dra, labels of gpuprov.nvidia.labels.allocation_labels): the
+    DRA kubelet plugin reads the MIG devices once at start, so its pod must go and come back;
+    the stage waits for that pod, not the device plugin's."""
+    dra_labels = labels.allocation_labels("dra")
+    before = node(labels=dra_labels)
+    found = gpu_mig.plan(probe("gpu-hopper"), "all-1g.10gb", None, before)
+    assert found["dra"] is True
+    assert found["plugin_selector"] == gpu_mig.DRA_PLUGIN_SELECTOR
+    start = maintenance.take(before, gpu_mig.OWNER, found["reason"], found["take_patch"])
+    assert start["metadata"]["labels"][gpu_mig.DRA_DEPLOY_LABEL] == gpu_mig.PAUSED
+    assert start["metadata"]["labels"][gpu_mig.PLUGIN_DEPLOY_LABEL] == gpu_mig.PAUSED
+    assert start["metadata"]["annotations"][gpu_mig.DRA_WAS] == "true"
+    assert start["metadata"]["annotations"][gpu_mig.PLUGIN_WAS] == "false"
+    taken = node(labels=start["metadata"]["labels"], annotations=start["metadata"]["annotations"],
+                 cordoned=True)
+    # Stopped midway, the next run reads the recorded values, not the paused labels.
+    again = gpu_mig.plan(probe("gpu-hopper"), "all-1g.10gb", None, taken)
+    assert again["dra"] is True and gpu_mig.DRA_WAS in again["unfinished"]
+    for plan in (found, again):
+        done = maintenance.give_back(taken, gpu_mig.OWNER, plan["done_patch"])
+        assert {k: done["metadata"]["labels"][k] for k in dra_labels} == dra_labels
+        assert done["metadata"]["annotations"] == dict.fromkeys(gpu_mig.ANNOTATIONS)
+        failed = maintenance.failure({"name": "Apply"}, {"msg": "why"}, gpu_mig.OWNER,
+                                     plan["failed_patch"])["patch"]
+        assert {k: failed["metadata"]["labels"][k] for k in dra_labels} == dra_labels
+
+
+def test_a_device_plugin_node_gets_no_dra_label():
+    for before in (node(), node(labels=labels.allocation_labels("device-plugin")),
+                   node(labels={gpu_mig.DRA_DEPLOY_LABEL: "false"})):
+        found = gpu_mig.plan(probe("gpu-hopper"), "all-1g.10gb", None, before)
+        assert found["dra"] is False
+        for patch in ("take_patch", "failed_patch"):
+            assert gpu_mig.DRA_DEPLOY_LABEL not in found[patch]["metadata"]["labels"]
 
 
 def test_a_node_cordoned_before_stays_cordoned_and_an_absent_plugin_label_is_removed():
