@@ -16,6 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 GPU_CLASS = "gpu.nvidia.com"  # the DeviceClass of whole GPUs (templates/nvidia-dra-driver.yml.j2)
+MIG_CLASS = "mig.nvidia.com"  # and of MIG devices (the chart's deviceclass-mig.yaml)
+# A published device's `type` attribute -> the DeviceClass that selects it.
+DEVICE_CLASSES = {"gpu": GPU_CLASS, "mig": MIG_CLASS}
 DRIVER = "gpu.nvidia.com"
 REQUEST = "gpus"  # the request's name in every smoke template, and the pod's claim entry's
 CDI_DIR = "/var/run/cdi"
@@ -31,10 +34,11 @@ def product_selector(product: str) -> str:
 
 
 def claim_template(name: str, count: int, selector: str | None = None,
-                   labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A ResourceClaimTemplate for `count` whole GPUs, optionally only those `selector` (CEL)
-    matches."""
-    exactly: dict[str, Any] = {"deviceClassName": GPU_CLASS, "allocationMode": "ExactCount",
+                   labels: Mapping[str, str] | None = None,
+                   device_class: str = GPU_CLASS) -> dict[str, Any]:
+    """A ResourceClaimTemplate for `count` devices of `device_class` (whole GPUs, or MIG
+    devices), optionally only those `selector` (CEL) matches."""
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount",
                                "count": count}
     if selector:
         exactly["selectors"] = [{"cel": {"expression": selector}}]

@@ -395,10 +395,27 @@ class DraTarget:
     # Reads whether a file exists on the node (the CDI spec); None: verify has no way there.
     file_exists: Callable[[str], bool] | None = None
 
+    def _types(self) -> list[str]:
+        return [((d.get("attributes") or {}).get("type") or {}).get("string")
+                for s in self.slices for d in (s.get("spec") or {}).get("devices") or []]
+
+    @property
+    def device_type(self) -> str:
+        """What the claims ask for: whole GPUs where the node publishes any, else MIG devices
+        (a node whose GPUs are all partitioned publishes only those)."""
+        types = self._types()
+        return "gpu" if "gpu" in types or "mig" not in types else "mig"
+
+    @property
+    def device_class(self) -> str:
+        from gpuprov.verify import claims
+
+        return claims.DEVICE_CLASSES[self.device_type]
+
     @property
     def gpus(self) -> int:
-        return sum(1 for s in self.slices for d in (s.get("spec") or {}).get("devices") or []
-                   if ((d.get("attributes") or {}).get("type") or {}).get("string") == "gpu")
+        """How many devices of device_type the node publishes."""
+        return self._types().count(self.device_type)
 
 
 class DraNodeRunner(NodeRunner):
@@ -419,7 +436,8 @@ class DraNodeRunner(NodeRunner):
 
         template = f"{self.prefix}-{kind}"
         self.resource.create_namespaced_resource_claim_template(
-            self.ns, claims.claim_template(template, gpus, selector),
+            self.ns, claims.claim_template(template, gpus, selector,
+                                           device_class=self.dra.device_class),
             _request_timeout=REQUEST_TIMEOUT)
         names = [f"{self.prefix}-{kind}-{i}" for i in range(pods)]
         for name in names:
@@ -494,7 +512,8 @@ class DraNodeRunner(NodeRunner):
     def claim_count(self) -> ClaimRun:
         k = self.dra.gpus
         if k < 1:
-            return ClaimRun("claim-count", 0, skipped="the node's slice publishes no GPU")
+            return ClaimRun("claim-count", 0, skipped="the node's slice publishes no GPU or MIG "
+                            "device")
         self._claim_pods("claim-count", 1, k)
         return dataclasses.replace(self._held("claim-count", 1), requested=k)
 

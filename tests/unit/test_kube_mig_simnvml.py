@@ -178,3 +178,84 @@ def test_the_lab_runtime_gives_a_container_the_mig_devices_it_names(lab, tmp_pat
                  if e.startswith("GPUPROV_SIM_CONTAINER_GPUS="))
     assert given.split(",") == [d.uuid for d in wanted]
     assert [m for _, migs in sees(lab, given) for m in migs] == [d.uuid for d in wanted]
+
+
+def _probe_report(lab: Path) -> dict:
+    """gpuprov's probe on the lab node's simulated NVML (the system python, as on a node)."""
+    from gpuprov import payload
+
+    system_python = shutil.which("python3", path="/usr/bin:/bin")
+    if system_python is None:
+        pytest.skip("needs the system's python3")
+    node_dir = lab / "nodes" / NODE
+    root = lab / "root"
+    (root / "sys/bus/pci").mkdir(parents=True, exist_ok=True)
+    if not (root / "sys/bus/pci/devices").exists():
+        (root / "sys/bus/pci/devices").symlink_to(node_dir / simhw.PCI_DIR)
+    env = {"PATH": "/usr/bin:/bin", **{k: v for k, v in _env(lab).items()
+                                       if k.startswith(("LD_", "GPUPROV_"))}}
+    proc = subprocess.run([system_python, "-I", "-", "--root", str(root)],
+                          input=payload.probe_script(), env=env, capture_output=True,
+                          check=True, timeout=60)
+    return json.loads(proc.stdout)
+
+
+def test_the_dra_plugin_publishes_the_mig_devices_as_nvidia_names_them(lab):
+    """NVIDIA's DRA plugin (v0.4.1) on a node with MIG on some GPUs: the others as gpu-<minor>,
+    each MIG GPU as its MIG devices only, named
+    gpu-<minor>-mig-<profile without dots, RFC 1123>-<GI profile ID>-<placement start>
+    (mig.go ToCanonicalName). The profile IDs are nvidia-smi mig -lgip's (gpuprov.nvidia.mig's
+    table), the placements those H100 allows; verify's dra.devices-vs-nvml, reading gpuprov's
+    probe of the same node, finds every device as NVML has it."""
+    import re
+
+    from gpuprov.lab.kube import draplugin
+    from gpuprov.verify.checks import dra
+    from gpuprov.verify.facts import ClusterFacts
+    from gpuprov.verify.inventory import Node
+
+    gpus = LabBackend(lab).gpus(NODE)
+    published = draplugin.node_slice(NODE, gpus)
+    devices = {d["name"]: d for d in published["spec"]["devices"]}
+    report = _probe_report(lab)
+    by_index = {g["index"]: g for g in report["nvml"]["gpus"]}
+    whole = {f"gpu-{g['minor_number']}" for i, g in by_index.items() if i not in LAYOUT}
+    assert whole <= set(devices)
+    for index, profiles_made in LAYOUT.items():
+        minor = by_index[index]["minor_number"]
+        assert f"gpu-{minor}" not in devices  # a MIG GPU is not a full GPU
+        mine = {n: d for n, d in devices.items() if n.startswith(f"gpu-{minor}-mig-")}
+        seen = []
+        for name, device in mine.items():
+            found = re.fullmatch(r"gpu-(\d+)-mig-(.+)-(\d+)-(\d+)", name)
+            profile = H100.profile(device["attributes"]["profile"]["string"])
+            assert found and profile is not None, name
+            assert found[2] == profile.name.replace(".", "").replace("+", "-")
+            assert int(found[3]) == profile.nvml_id
+            assert int(found[4]) in profile.starts
+            slices = {k for k in device["capacity"] if k.startswith("memorySlice")}
+            assert slices == {f"memorySlice{int(found[4]) + i}" for i in range(profile.size)}
+            seen.append(profile.name)
+        assert sorted(seen) == sorted(profiles_made)
+    assert len(devices) == len(whole) + sum(map(len, LAYOUT.values()))
+    k8s_node = {"metadata": {"name": NODE, "labels": {}},
+                "status": {"allocatable": {"cpu": "8"}}}
+    node = Node(name=NODE, target=None, gpu_expected=True, gpu_allocation="dra")
+    facts = ClusterFacts(node, report, k8s_node, (), (published,))
+    verdict = dra.devices_vs_nvml(facts)
+    assert verdict.status == "pass", verdict
+
+
+def test_a_mig_device_smaller_than_its_gpu_instance_stops_the_plugin():
+    """getGpuInfo keeps only the profiles whose compute instance is the whole GPU instance,
+    so a MIG device with a smaller one has no profile: the plugin does not start."""
+    from gpuprov.lab.kube import backend, draplugin
+
+    facts = backend.GpuFacts(0, "NVIDIA H100 80GB HBM3", 14, 9, "9.0", 85520809984,
+                             "00000000:18:00.0", "580.95.05", 13000)
+    small = backend.MigDevice("MIG-1", "1c.2g.20gb", 0, (0, 2),
+                              backend.MigProfileInfo(14, 32, 2, 2, 0, 2, 0, 19968))
+    gpu = backend.Gpu("GPU-1", True, True, (small,), facts)
+    with pytest.raises(draplugin.PluginError, match="error getting profile info for MIG "
+                       "device: MIG-1"):
+        draplugin.node_slice(NODE, [gpu])

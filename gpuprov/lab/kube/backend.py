@@ -47,6 +47,26 @@ class MigDevice:
     uuid: str
     profile: str
     index: int = 0
+    # What NVIDIA's DRA plugin reads of it (v0.4.1 cmd/gpu-kubelet-plugin/nvlib.go
+    # getMigDevices): its GPU instance's profile ID and placement (nvmlGpuInstanceGetInfo)
+    # and that profile's nvmlGpuInstanceProfileInfo_t; None where NVML did not answer.
+    placement: tuple[int, int] | None = None  # (start, size)
+    gi_profile: MigProfileInfo | None = None
+
+
+@dataclass(frozen=True)
+class MigProfileInfo:
+    """nvmlGpuInstanceProfileInfo_t's fields the DRA plugin publishes (mig.go
+    CommonCapacitiesMig)."""
+
+    id: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg: int
+    ofa: int
+    memory_mb: int
 
 
 @dataclass(frozen=True)
@@ -387,9 +407,10 @@ class FakeBackend:
         except toolkit_rules.UnknownDevice as exc:
             raise StartError("RunContainerError", f"OCI runtime create failed: "
                              f"nvidia-container-runtime: {exc}") from None
+        # The node's GPUs in their order, then the MIG devices (by NVIDIA's rules, or claimed).
         node_order = [g.uuid for g in fake.gpus or []]
-        seen = [u for u in node_order if u in seen or u in claimed] + [
-            u for u in seen if u not in node_order]
+        seen = [u for u in node_order if u in seen or u in claimed] + list(dict.fromkeys(
+            u for u in [*seen, *claimed] if u not in node_order))
         env = {**request.env, CONTAINER_GPUS_ENV: ",".join(seen) or "void"}
         self.started.append((node, list(request.argv), env))
         self._count += 1
@@ -434,6 +455,29 @@ except pynvml.NVMLError as err:
     print(json.dumps({"error": str(err)})); raise SystemExit(0)
 def text(value):
     return value if isinstance(value, str) else value.decode()
+def gi_profiles(handle):
+    # Every GPU instance profile of the GPU by its ID (nvlib.go getGpuInfo's migProfiles).
+    found = {}
+    for i in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            p = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, i)
+        except pynvml.NVMLError:
+            continue
+        found[p.id] = {"id": p.id, "multiprocessors": p.multiprocessorCount,
+                       "copy_engines": p.copyEngineCount, "decoders": p.decoderCount,
+                       "encoders": p.encoderCount, "jpeg": p.jpegCount, "ofa": p.ofaCount,
+                       "memory_mb": p.memorySizeMB}
+    return found
+def placement(handle, device, profiles):
+    # The MIG device's GPU instance: its profile and placement (nvmlGpuInstanceGetInfo).
+    try:
+        gi = pynvml.nvmlDeviceGetGpuInstanceById(
+            handle, pynvml.nvmlDeviceGetGpuInstanceId(device))
+        info = pynvml.nvmlGpuInstanceGetInfo(gi)
+    except (pynvml.NVMLError, AttributeError):
+        return {}
+    return {"placement": [info.placement.start, info.placement.size],
+            "gi_profile": profiles.get(info.profileId)}
 def mig(handle):
     # MIG mode and devices, as go-nvlib's VisitMigDevices reads them for the device plugin.
     try:
@@ -441,6 +485,7 @@ def mig(handle):
     except (pynvml.NVMLError, AttributeError):
         return False, []
     devices = []
+    profiles = gi_profiles(handle) if current else {}
     for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle) if current else 0):
         try:
             device = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
@@ -452,7 +497,7 @@ def mig(handle):
         if attrs.computeInstanceSliceCount != attrs.gpuInstanceSliceCount:
             profile = f"{attrs.computeInstanceSliceCount}c.{profile}"
         devices.append({"uuid": text(pynvml.nvmlDeviceGetUUID(device)), "profile": profile,
-                        "index": j})
+                        "index": j, **placement(handle, device, profiles)})
     return bool(current), devices
 def facts(handle):
     # What NVIDIA's DRA plugin reads of each GPU (GpuFacts); None where a call fails.
@@ -493,6 +538,14 @@ STATUS_POLL_SECONDS = 0.2
 COLLECT_SECONDS = 2.0
 # A container whose node's containerd does not answer this long counts as exited (255).
 UNREACHABLE_SECONDS = 60.0
+
+
+def _mig_device(record: dict) -> MigDevice:
+    placement = record.get("placement")
+    profile = record.get("gi_profile")
+    return MigDevice(record["uuid"], record["profile"], record["index"],
+                     tuple(placement) if placement else None,
+                     MigProfileInfo(**profile) if profile else None)
 
 
 class LabBackend:
@@ -602,8 +655,7 @@ class LabBackend:
             doc = {"error": proc.stderr.strip()[-200:]}
         result = None if "error" in doc else [
             Gpu(g["uuid"], g["healthy"], bool(g.get("mig_enabled")),
-                tuple(MigDevice(d["uuid"], d["profile"], d["index"])
-                      for d in g.get("mig_devices") or []),
+                tuple(_mig_device(d) for d in g.get("mig_devices") or []),
                 GpuFacts(**g["facts"]) if g.get("facts") else None)
             for g in doc["gpus"]]
         self._gpu_cache[node] = (signature, result)

@@ -15,9 +15,17 @@ emulated kubelet (kubelet.py) calls what is here:
   `k8s.gpu.nvidia.com/claim=<claimUID>-<device name>` (cdi.go CreateClaimSpecFile,
   GetClaimDeviceName); unprepare deletes the file (DeleteClaimSpecFile).
 
-Not simulated (EMULATION.md): MIG devices (a GPU with MIG on is left out of the slice, as
-the plugin does when it has no MIG devices, but its MIG devices are not announced either),
-DynamicMIG, VFIO, time-slicing and MPS, opaque claim configs, the checkpoint, the gRPC
+- a GPU with MIG on is published as its MIG devices only, none of them when it has none
+  (nvlib.go GetPerGpuAllocatableDevices, getMigDevices): each named
+  `gpu-<parent minor>-mig-<profile, dots removed, RFC 1123>-<GI profile ID>-<placement start>`
+  (mig.go ToCanonicalName), with the parent's attributes plus `parentUUID` and `profile`
+  (mig.go CommonAttributesMig) and the GPU instance profile's capacities (CommonCapacitiesMig:
+  engine counts, memory as the profile's MiB in bytes) and a `memorySlice<i>` of 1 per memory
+  slice of its placement (deviceinfo.go MigDeviceInfo.GetDevice); a MIG device whose compute
+  instance is smaller than its GPU instance has no profile the plugin knows (getGpuInfo keeps
+  only GI=CI profiles), and the plugin fails to start;
+
+Not simulated (EMULATION.md): DynamicMIG, VFIO, time-slicing and MPS, opaque claim configs, the checkpoint, the gRPC
 registration and DRA services, the pcieRoot and addressingMode attributes, and device health.
 """
 
@@ -26,7 +34,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from gpuprov.lab.kube.backend import Gpu, GpuFacts
+from gpuprov.lab.kube.backend import Gpu, GpuFacts, MigDevice
 
 DRIVER = "gpu.nvidia.com"
 CDI_VENDOR = "k8s." + DRIVER  # cdi.go cdiVendor
@@ -79,8 +87,7 @@ def device_name(facts: GpuFacts) -> str:
     return f"gpu-{facts.minor}"
 
 
-def gpu_device(gpu: Gpu) -> dict:
-    """The slice's device for a full GPU."""
+def _facts(gpu: Gpu) -> GpuFacts:
     f = gpu.facts
     if f is None:
         raise PluginError(f"error getting GPU info for {gpu.uuid or 'a GPU'}: NVML did not "
@@ -90,28 +97,85 @@ def gpu_device(gpu: Gpu) -> dict:
                           f"{f.architecture}")
     if f.brand not in BRANDS:
         raise PluginError(f"error interpreting device brand as string: {f.brand}")
+    return f
+
+
+def _common_attributes(f: GpuFacts) -> dict:
+    """The attributes a GPU and its MIG devices share (the parent's, as getGpuInfo reads
+    them)."""
     cuda = f"{f.cuda_driver_version // 1000}.{(f.cuda_driver_version % 1000) // 10}"
     return {
+        "productName": {"string": f.name},
+        "brand": {"string": BRANDS[f.brand]},
+        "architecture": {"string": ARCHITECTURES[f.architecture]},
+        "cudaComputeCapability": {"version": semver(f.compute_capability)},
+        "driverVersion": {"version": semver(f.driver_version)},
+        "cudaDriverVersion": {"version": semver(cuda)},
+        "resource.kubernetes.io/pciBusID": {"string": pci_bus_id(f.pci_bus_id)},
+    }
+
+
+def gpu_device(gpu: Gpu) -> dict:
+    """The slice's device for a full GPU."""
+    f = _facts(gpu)
+    return {
         "name": device_name(f),
-        "attributes": {
-            "type": {"string": "gpu"},
-            "uuid": {"string": gpu.uuid},
-            "productName": {"string": f.name},
-            "brand": {"string": BRANDS[f.brand]},
-            "architecture": {"string": ARCHITECTURES[f.architecture]},
-            "cudaComputeCapability": {"version": semver(f.compute_capability)},
-            "driverVersion": {"version": semver(f.driver_version)},
-            "cudaDriverVersion": {"version": semver(cuda)},
-            "resource.kubernetes.io/pciBusID": {"string": pci_bus_id(f.pci_bus_id)},
-        },
+        "attributes": {"type": {"string": "gpu"}, "uuid": {"string": gpu.uuid},
+                       **_common_attributes(f)},
         "capacity": {"memory": {"value": binary_si(f.memory_total)}},
     }
 
 
+def rfc1123(name: str) -> str:
+    """mig.go toRFC1123Compliant: lower case, anything but [a-z0-9-.] to "-", no leading or
+    trailing "-", no trailing ".", at most 253 characters."""
+    name = re.sub(r"[^a-z0-9-.]", "-", name.lower()).strip("-")
+    return name.removesuffix(".")[:253]
+
+
+def mig_device_name(parent_minor: int, mig: MigDevice) -> str:
+    """mig.go MigSpecTuple.ToCanonicalName."""
+    if mig.gi_profile is None or mig.placement is None:
+        raise PluginError(f"error getting GPU instance info for MIG device {mig.uuid}")
+    profile = rfc1123(mig.profile.replace(".", ""))
+    return f"gpu-{parent_minor}-mig-{profile}-{mig.gi_profile.id}-{mig.placement[0]}"
+
+
+def mig_device(gpu: Gpu, mig: MigDevice) -> dict:
+    """The slice's device for a MIG device of `gpu` (deviceinfo.go MigDeviceInfo.GetDevice)."""
+    f = _facts(gpu)
+    # go-nvlib's profile string has a "<c>c." prefix where the compute instance is smaller
+    # than its GPU instance: getGpuInfo knows no such profile (it keeps GI=CI only).
+    if re.match(r"^\d+c\.", mig.profile):
+        raise PluginError(f"error getting profile info for MIG device: {mig.uuid}")
+    name = mig_device_name(f.minor, mig)
+    p = mig.gi_profile
+    assert p is not None and mig.placement is not None  # mig_device_name checked them
+    capacity = {"multiprocessors": p.multiprocessors, "copyEngines": p.copy_engines,
+                "decoders": p.decoders, "encoders": p.encoders, "jpegEngines": p.jpeg,
+                "ofaEngines": p.ofa, "memory": p.memory_mb * 1024 * 1024}
+    start, size = mig.placement
+    capacity |= {f"memorySlice{i}": 1 for i in range(start, start + size)}
+    return {
+        "name": name,
+        "attributes": {"type": {"string": "mig"}, "uuid": {"string": mig.uuid},
+                       "parentUUID": {"string": gpu.uuid}, "profile": {"string": mig.profile},
+                       **_common_attributes(f)},
+        "capacity": {k: {"value": binary_si(v)} for k, v in capacity.items()},
+    }
+
+
+def gpu_devices(gpu: Gpu) -> list[dict]:
+    """A GPU's devices in the slice: itself with MIG off, else its MIG devices."""
+    if not gpu.mig_enabled:
+        return [gpu_device(gpu)]
+    return [mig_device(gpu, m) for m in gpu.mig_devices]
+
+
 def node_slice(node: str, gpus: Iterable[Gpu], generation: int = 1) -> dict:
-    """The node's ResourceSlice (driver.go publishResources: one slice, pool = node); GPUs
-    with MIG on are left out (nvlib.go: a MIG-enabled GPU is not a full GPU)."""
-    devices = [gpu_device(g) for g in gpus if g.healthy and not g.mig_enabled]
+    """The node's ResourceSlice (driver.go publishResources: one slice, pool = node): each
+    healthy GPU's devices (gpu_devices)."""
+    devices = [d for g in gpus if g.healthy for d in gpu_devices(g)]
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"generateName": f"{node}-{DRIVER}-"},
             "spec": {"driver": DRIVER, "nodeName": node,
@@ -138,9 +202,13 @@ def cdi_id(claim_uid: str, device: str) -> str:
 
 
 def claim_devices(claim: Mapping, gpus: Iterable[Gpu]) -> dict[str, tuple[str, str]]:
-    """Device name -> (request, GPU UUID) of the claim's results for this driver; PluginError
-    for a device the node's NVML does not have."""
+    """Device name -> (request, GPU or MIG device UUID) of the claim's results for this
+    driver; PluginError for a device the node's NVML does not have."""
+    gpus = list(gpus)
     by_name = {device_name(g.facts): g.uuid for g in gpus if g.facts is not None}
+    by_name |= {mig_device_name(g.facts.minor, m): m.uuid for g in gpus
+                if g.facts is not None and g.mig_enabled for m in g.mig_devices
+                if m.gi_profile is not None and m.placement is not None}
     out: dict[str, tuple[str, str]] = {}
     results = (((claim.get("status") or {}).get("allocation") or {}).get("devices")
                or {}).get("results") or []
