@@ -9,7 +9,9 @@ lab as it found it (the host_vars file it writes is removed).
 
 gpu-hopper (Debian 13, containerd 2.x, R580) is switched to DRA by site.yml on the converged
 lab, a second run changes nothing, and it is switched back, a pod holding a gpu.nvidia.com claim
-evicted first, to 8 nvidia.com/gpu. The lab's DRA plugin is the simulated one
+evicted first, to 8 nvidia.com/gpu. On DRA, the MIG stage partitions it: the claim pod is
+evicted, the DRA plugin restarted, and its slice and verify's claims are MIG devices. The lab's
+DRA plugin is the simulated one
 (gpuprov/lab/kube/draplugin.py, EMULATION.md). The module's teardown leaves gpu-hopper on the
 device plugin with 8 GPUs, as the session lab's other tests expect. Between the switches,
 `gpuprov verify` passes on every node, the DRA checks and claim smoke where DRA runs and the
@@ -222,12 +224,16 @@ def _claim_pod(lab) -> None:
     """A ResourceClaimTemplate for one gpu.nvidia.com GPU and a pod holding its claim, running
     (only gpu-hopper publishes a slice: the scheduler puts it there)."""
     api = kube_api(lab)
-    client.CustomObjectsApi(api).create_namespaced_custom_object(
-        "resource.k8s.io", "v1", NAMESPACE, "resourceclaimtemplates",
-        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-         "metadata": {"name": "one-gpu"},
-         "spec": {"spec": {"devices": {"requests": [
-             {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}]}}}})
+    try:
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            "resource.k8s.io", "v1", NAMESPACE, "resourceclaimtemplates",
+            {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+             "metadata": {"name": "one-gpu"},
+             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                 "deviceClassName": "gpu.nvidia.com", "count": 1}}]}}}})
+    except client.ApiException as exc:
+        if exc.status != 409:  # made by an earlier test of the module
+            raise
     core = client.CoreV1Api(api)
     core.create_namespaced_pod(NAMESPACE, {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "claim-holder"},
@@ -244,6 +250,69 @@ def _claim_pod(lab) -> None:
             return
         time.sleep(2)
     raise AssertionError(f"the claim pod did not run in 90 s: {pod.status}")
+
+
+def _mig_run(lab, playbook, layout: str) -> dict:
+    rc, doc = playbook("playbooks/mig.yml", "--limit", HOPPER, "-e", f"gpu_mig_config={layout}")
+    assert rc == 0, playbook_failures(doc)
+    return doc
+
+
+def _hopper_devices(lab, kind: str, count: int) -> list[dict]:
+    """gpu-hopper's published devices once the DRA plugin's new pod has published `count` of
+    type `kind` (the stage gives the plugin back; its pod then reads NVML)."""
+    deadline = time.monotonic() + 90
+    devices: list[dict] = []
+    while time.monotonic() < deadline:
+        devices = [d for s in _slices(lab) if s["spec"]["nodeName"] == HOPPER
+                   for d in s["spec"]["devices"]]
+        if len(devices) == count and all(
+                d["attributes"]["type"]["string"] == kind for d in devices):
+            return devices
+        time.sleep(1)
+    raise AssertionError(f"gpu-hopper publishes {len(devices)} device(s), not {count} {kind}")
+
+
+def test_a_mig_layout_on_the_dra_node_republishes_its_slice_and_claims_get_mig_devices(
+        hopper_on_dra, playbook):
+    """The MIG stage on a DRA node: a pod holding a gpu.nvidia.com claim is evicted, the DRA
+    plugin is paused and given back (it reads MIG devices once, at start: v0.4.1 nvlib.go),
+    the new slice has the 56 MIG devices named as NVIDIA's plugin names them, and verify's DRA
+    checks pass with claims of mig.nvidia.com. All disabled again, the 8 GPUs return."""
+    lab, _, _ = hopper_on_dra
+    _claim_pod(lab)
+    try:
+        doc = _mig_run(lab, playbook, "all-1g.10gb")
+        evicted = [r.get("evicted") for play in doc["plays"] for task in play["tasks"]
+                   if task["task"]["name"].endswith("Evict the node's GPU pods")
+                   for r in task["hosts"].values() if not r.get("skipped")]
+        assert evicted == [[f"{NAMESPACE}/claim-holder"]], evicted
+        node = _hopper(lab)
+        assert _deploy_labels(node) == {labels.DEPLOY_DEVICE_PLUGIN: "false",
+                                        labels.DEPLOY_DRA_DRIVER: "true"}
+        assert not node["spec"].get("unschedulable")
+        devices = _hopper_devices(lab, "mig", 56)
+        # nvidia-smi mig -lgip: 1g.10gb is GPU instance profile 19, at placements 0..6.
+        starts = sorted(int(d["name"].rsplit("-", 1)[1]) for d in devices
+                        if d["name"].startswith("gpu-0-mig-1g10gb-19-"))
+        assert starts == list(range(7)), sorted(d["name"] for d in devices)
+        proc = subprocess.run([sys.executable, "-m", "gpuprov", "verify", "-i",
+                               str(lab.inventory_path), "--limit", HOPPER, "--checks", "dra",
+                               "--json"], capture_output=True, text=True, timeout=600)
+        assert proc.stdout.strip(), proc.stderr
+        results = json.loads(proc.stdout)["results"]
+        assert {r["check"]: r["status"] for r in results} == dict.fromkeys(
+            ("dra.plugin", "dra.slice", "dra.devices-vs-nvml", "dra.runtime", "dra.claim-count",
+             "dra.claim-isolation", "dra.claim-selector", "dra.claim-unavailable",
+             "dra.claim-cdi"), "pass"), [r for r in results if r["status"] != "pass"]
+        count = next(r for r in results if r["check"] == "dra.claim-count")
+        assert len(count["details"]["claimed"]) == 56
+        assert all(u.startswith("MIG-") for u in count["details"]["seen"])
+    finally:
+        _mig_run(lab, playbook, "all-disabled")
+        client.CoreV1Api(kube_api(lab)).patch_node(HOPPER, {"metadata": {"labels": {
+            "nvidia.com/mig.config": None, "nvidia.com/mig.config.state": None}}})
+    assert len(_hopper_devices(lab, "gpu", 8)) == 8
 
 
 def test_back_on_the_device_plugin_the_claim_pod_is_evicted_first_and_8_gpus_return(
