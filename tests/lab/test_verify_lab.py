@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import clear_faults, kube_api, playbook_failures, recheck_health
+from conftest import clear_faults, kube_api
 from kubernetes import client
 
 from gpuprov.lab import nodefaults, podman, simhw
@@ -184,45 +184,6 @@ def test_fault_fails_its_check_on_its_node_only(lab, verify, restores_the_cluste
                        if (r["node"], r["check"]) == (node, check))
         assert f"kernel {release}, the one the node boots next, has no nvidia module" \
             in message and f"apt-get install linux-headers-{release}" in message, message
-
-
-def _result(doc: dict, node: str, check: str) -> dict:
-    return next(r for r in doc["results"] if (r["node"], r["check"]) == (node, check))
-
-
-def test_the_driver_role_builds_the_module_of_the_kernel_the_node_boots_next(
-        lab, verify, playbook, restores_the_cluster):
-    """A real kernel release of the node's archive with no module (the fault), then the
-    driver stage: it installs that release's real headers from Debian and DKMS really builds
-    Debian's 535 module for it (minutes: issue 19 asks for this, not a switched result)."""
-    lab.fault("gpu-pascal", "next-kernel-no-module")
-    release = nodefaults.next_kernel(lab.require().node("gpu-pascal").container)
-    assert release, "the fault names no kernel release"
-    rc, doc, out = verify("--json", "--no-pods", "--limit", "gpu-pascal")
-    assert rc == 1 and _result(doc, "gpu-pascal", NEXT_BOOT)["status"] == "fail", out
-
-    rc, run = playbook("playbooks/driver.yml", "--limit", "gpu-pascal")
-    assert rc == 0, playbook_failures(run)
-    changed = {task["task"]["name"] for play in run["plays"] for task in play["tasks"]
-               if task["hosts"].get("gpu-pascal", {}).get("changed")}
-    assert {"nvidia_driver : Install the headers of the kernel the node boots next (apt)",
-            "nvidia_driver : Build the nvidia module for the kernel the node boots next"} \
-        <= changed, changed
-
-    # The node's health agent saw the missing module too (DriverProblem, k8s.health): it
-    # clears after its passing cycles, which the admin asks for now (systemctl reload).
-    recheck_health(lab, ["gpu-pascal"])
-    rc, doc, out = verify("--json", "--no-pods", "--limit", "gpu-pascal")
-    assert rc == 0, out
-    fixed = _result(doc, "gpu-pascal", NEXT_BOOT)
-    module = fixed["details"]["module"]
-    assert fixed["status"] == "pass", fixed
-    assert module["kind"] == "dkms" and module["path"] == \
-        f"/lib/modules/{release}/updates/dkms/nvidia-current.ko", module
-    assert module["version"] == fixed["details"]["installed_driver"], fixed
-
-    rc, again = playbook("playbooks/driver.yml", "--limit", "gpu-pascal")
-    assert rc == 0 and again["stats"]["gpu-pascal"]["changed"] == 0, again["stats"]
 
 
 def test_double_allocate_fails_isolation(lab, verify, restores_the_cluster, core):

@@ -25,8 +25,9 @@ emulated kubelet (kubelet.py) calls what is here:
   instance is smaller than its GPU instance has no profile the plugin knows (getGpuInfo keeps
   only GI=CI profiles), and the plugin fails to start;
 
-Not simulated (EMULATION.md): DynamicMIG, VFIO, time-slicing and MPS, opaque claim configs, the checkpoint, the gRPC
-registration and DRA services, the pcieRoot and addressingMode attributes, and device health.
+Not simulated (EMULATION.md): DynamicMIG, VFIO, time-slicing and MPS, opaque claim configs,
+the checkpoint, the gRPC registration and DRA services, the pcieRoot and addressingMode
+attributes, and device health.
 """
 
 from __future__ import annotations
