@@ -22,6 +22,10 @@ DEVICE_CLASSES = {"gpu": GPU_CLASS, "mig": MIG_CLASS}
 DRIVER = "gpu.nvidia.com"
 REQUEST = "gpus"  # the request's name in every smoke template, and the pod's claim entry's
 CDI_DIR = "/var/run/cdi"
+# How long a claim's CDI spec may stay on the node after its pod is gone: the kubelet
+# unprepares a claim when it has seen the pod end, which is after a force-deleted pod's object
+# is gone.
+CDI_GONE_S = 30
 # The scheduler's message for a pod whose claims fit no node (kube-scheduler's
 # dynamicresources plugin; the emulator says the same, contract section "facts").
 UNALLOCATABLE = "cannot allocate all claims"

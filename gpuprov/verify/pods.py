@@ -44,6 +44,9 @@ MAX_ISOLATION_PODS = 8
 WATCH_S = 2
 POLL_S = 0.2
 NAMESPACE_GONE_S = 60
+# How often a claim's CDI spec is looked for after its pod is gone (one SSH command each),
+# until claims.CDI_GONE_S.
+CDI_POLL_S = 1.0
 REQUEST_TIMEOUT = (5.0, 30.0)
 # `nvidia-smi -L`: "GPU 0: Tesla P100-PCIE-16GB (UUID: GPU-5d0c...)", and under a GPU its MIG
 # devices the container was given: "  MIG 1g.10gb     Device  0: (UUID: MIG-...)" (NVIDIA's MIG
@@ -506,8 +509,19 @@ class DraNodeRunner(NodeRunner):
         for record in records:
             uid = record["claim_uid"]
             if uid and self.dra.file_exists:
-                record["cdi_after"] = self.dra.file_exists(claims.cdi_spec_path(uid))
+                record["cdi_after"] = self._cdi_spec_stays(claims.cdi_spec_path(uid))
         return ClaimRun(kind, 0, tuple(ClaimRecord(**r) for r in records))
+
+    def _cdi_spec_stays(self, path: str) -> bool:
+        """Whether the claim's CDI spec is still on the node claims.CDI_GONE_S after its pod
+        is gone. The pods are deleted at once (grace 0): their objects go before the kubelet
+        has unprepared their claims, which it does when it sees the pods ended, so the spec
+        is waited for, not looked for once."""
+        from gpuprov.verify import claims
+
+        exists = self.dra.file_exists
+        assert exists is not None
+        return stays(lambda: exists(path), claims.CDI_GONE_S, CDI_POLL_S, self.api.sleep)
 
     def claim_count(self) -> ClaimRun:
         k = self.dra.gpus
@@ -558,6 +572,18 @@ class DraNodeRunner(NodeRunner):
                 ("claim-selector", self.claim_selector, ClaimRun),
                 ("claim-unavailable", self.claim_unavailable, ClaimRun),
                 ("no-request", self.no_request, SmokeRun))
+
+
+def stays(there: Callable[[], bool], timeout: float, interval: float,
+          sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Whether `there()` still holds after `timeout` seconds, asked every `interval` (at
+    least twice: once at once, once at the end)."""
+    deadline = time.monotonic() + timeout
+    while there():
+        if time.monotonic() >= deadline:
+            return True
+        sleep(min(interval, max(0.0, deadline - time.monotonic())))
+    return False
 
 
 def _api_error(exc: Exception) -> str:

@@ -304,7 +304,8 @@ def test_a_mig_layout_on_the_dra_node_republishes_its_slice_and_claims_get_mig_d
         assert {r["check"]: r["status"] for r in results} == dict.fromkeys(
             ("dra.plugin", "dra.slice", "dra.devices-vs-nvml", "dra.runtime", "dra.claim-count",
              "dra.claim-isolation", "dra.claim-selector", "dra.claim-unavailable",
-             "dra.claim-cdi"), "pass"), [r for r in results if r["status"] != "pass"]
+             "dra.claim-cdi"), "pass"), [(r["check"], r["message"]) for r in results
+                                         if r["status"] != "pass"]
         count = next(r for r in results if r["check"] == "dra.claim-count")
         assert len(count["details"]["claimed"]) == 56
         assert all(u.startswith("MIG-") for u in count["details"]["seen"])

@@ -206,3 +206,25 @@ def test_file_exists_on_a_local_node(tmp_path):
     assert not nodes.file_exists(local, str(spec), 5)
     spec.write_text("cdiVersion: 0.6.0\n")
     assert nodes.file_exists(local, str(spec), 5)
+
+
+def test_a_cdi_spec_is_waited_for_until_it_goes_or_the_time_is_up():
+    """dra.claim-cdi's "gone after": the kubelet unprepares a force-deleted pod's claim after
+    the pod's object is gone, so the spec is asked for again until it goes (bounded)."""
+    import time
+
+    from gpuprov.verify import pods
+
+    answers = iter([True, True, False])
+    slept: list[float] = []
+    assert pods.stays(lambda: next(answers), 5, 1, slept.append) is False
+    assert slept == [1, 1]
+    slept.clear()
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        time.sleep(seconds)
+
+    assert pods.stays(lambda: True, 0.05, 0.01, sleep) is True
+    assert slept and sum(slept) <= 0.05 + 1e-6
+    assert pods.stays(lambda: False, 5, 1, slept.append) is False

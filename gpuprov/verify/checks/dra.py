@@ -511,5 +511,6 @@ def claim_cdi(facts: Any) -> Verdict:
     if not record.cdi_while_running:
         return problem(f"{path} missing while the pod ran", **details)
     if record.cdi_after:
-        return problem(f"{path} still there after the pod ended", **details)
+        return problem(f"{path} still there {claims.CDI_GONE_S} s after the pod ended",
+                       **details)
     return passed(f"{path} there while the pod ran, gone after", **details)
