@@ -85,19 +85,9 @@ def sees(lab_dir: Path, container_gpus: str | None) -> list:
     return _run(lab_dir, [sys.executable, "-c", SEES], container_gpus)
 
 
-def test_the_backend_reads_mig_mode_devices_and_profiles(lab):
-    gpus = LabBackend(lab).gpus(NODE)
-    host = sees(lab, None)
-    assert [g.uuid for g in gpus] == [uuid for uuid, _ in host]
-    for i, gpu in enumerate(gpus):
-        assert gpu.mig_enabled is (i in LAYOUT)
-        assert [d.uuid for d in gpu.mig_devices] == host[i][1]
-        assert sorted(d.profile for d in gpu.mig_devices) == sorted(LAYOUT.get(i, []))
-
-
-def test_the_plugin_serves_what_verify_expects_of_the_probes_report(lab):
+def _probe_report(lab: Path) -> dict:
+    """gpuprov's probe on the lab node's simulated NVML (the system python, as on a node)."""
     from gpuprov import payload
-    from gpuprov.verify.checks import k8s
 
     system_python = shutil.which("python3", path="/usr/bin:/bin")
     if system_python is None:
@@ -112,7 +102,23 @@ def test_the_plugin_serves_what_verify_expects_of_the_probes_report(lab):
     proc = subprocess.run([system_python, "-I", "-", "--root", str(root)],
                           input=payload.probe_script(), env=env, capture_output=True,
                           check=True, timeout=60)
-    report = json.loads(proc.stdout)
+    return json.loads(proc.stdout)
+
+
+def test_the_backend_reads_mig_mode_devices_and_profiles(lab):
+    gpus = LabBackend(lab).gpus(NODE)
+    host = sees(lab, None)
+    assert [g.uuid for g in gpus] == [uuid for uuid, _ in host]
+    for i, gpu in enumerate(gpus):
+        assert gpu.mig_enabled is (i in LAYOUT)
+        assert [d.uuid for d in gpu.mig_devices] == host[i][1]
+        assert sorted(d.profile for d in gpu.mig_devices) == sorted(LAYOUT.get(i, []))
+
+
+def test_the_plugin_serves_what_verify_expects_of_the_probes_report(lab):
+    from gpuprov.verify.checks import k8s
+
+    report = _probe_report(lab)
     gpus = LabBackend(lab).gpus(NODE)
     for strategy in ("none", "mixed"):
         served = {r: len(d) for r, d in dp.advertised(strategy, gpus).items()}
@@ -178,26 +184,6 @@ def test_the_lab_runtime_gives_a_container_the_mig_devices_it_names(lab, tmp_pat
                  if e.startswith("GPUPROV_SIM_CONTAINER_GPUS="))
     assert given.split(",") == [d.uuid for d in wanted]
     assert [m for _, migs in sees(lab, given) for m in migs] == [d.uuid for d in wanted]
-
-
-def _probe_report(lab: Path) -> dict:
-    """gpuprov's probe on the lab node's simulated NVML (the system python, as on a node)."""
-    from gpuprov import payload
-
-    system_python = shutil.which("python3", path="/usr/bin:/bin")
-    if system_python is None:
-        pytest.skip("needs the system's python3")
-    node_dir = lab / "nodes" / NODE
-    root = lab / "root"
-    (root / "sys/bus/pci").mkdir(parents=True, exist_ok=True)
-    if not (root / "sys/bus/pci/devices").exists():
-        (root / "sys/bus/pci/devices").symlink_to(node_dir / simhw.PCI_DIR)
-    env = {"PATH": "/usr/bin:/bin", **{k: v for k, v in _env(lab).items()
-                                       if k.startswith(("LD_", "GPUPROV_"))}}
-    proc = subprocess.run([system_python, "-I", "-", "--root", str(root)],
-                          input=payload.probe_script(), env=env, capture_output=True,
-                          check=True, timeout=60)
-    return json.loads(proc.stdout)
 
 
 def test_the_dra_plugin_publishes_the_mig_devices_as_nvidia_names_them(lab):

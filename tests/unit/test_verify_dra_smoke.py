@@ -63,6 +63,17 @@ def _dra_lab(tmp_path_factory, backend):
                 yield backend, api
 
 
+def assert_claim_checks_pass(runs) -> None:
+    """Every claim check, judged from the runs on NODE, passes."""
+    facts = PodFacts(Node(name=NODE, target=None, gpu_expected=True, gpu_allocation="dra"),
+                     {"pci": [{}]}, runs)
+    found = {c: CHECKS[c].finding(NODE, CHECKS[c].func(facts))
+             for c in ("dra.claim-count", "dra.claim-isolation", "dra.claim-selector",
+                       "dra.claim-unavailable", "dra.claim-cdi")}
+    assert {c: f.status for c, f in found.items()} == dict.fromkeys(found, PASS), {
+        c: f.message for c, f in found.items()}
+
+
 def claims_on(run) -> list:
     return [r.node for r in run.records]
 
@@ -76,13 +87,7 @@ def test_the_claim_smoke_passes_on_the_lab_dra_node(dra_lab):
     target = pods.DraTarget(NODE, slices, product,
                             lambda path: backend.claim_cdi_spec_exists(NODE, path))
     runs = pods.run(api, [target], KINDS, 60, 4)[NODE]
-    facts = PodFacts(Node(name=NODE, target=None, gpu_expected=True, gpu_allocation="dra"),
-                     {"pci": [{}]}, runs)
-    found = {c: CHECKS[c].finding(NODE, CHECKS[c].func(facts))
-             for c in ("dra.claim-count", "dra.claim-isolation", "dra.claim-selector",
-                       "dra.claim-unavailable", "dra.claim-cdi")}
-    assert {c: f.status for c, f in found.items()} == dict.fromkeys(found, PASS), {
-        c: f.message for c, f in found.items()}
+    assert_claim_checks_pass(runs)
     count = runs["claim-count"].records[0]
     assert len(count.uuids) == 8 and sorted(count.pod.uuids) == sorted(count.uuids)
     assert (count.cdi_while_running, count.cdi_after) == (True, False)
@@ -150,13 +155,7 @@ def test_on_a_partitioned_node_the_claims_ask_for_mig_devices(mig_dra_lab):
                             lambda path: backend.claim_cdi_spec_exists(NODE, path))
     assert (target.device_type, target.device_class, target.gpus) == ("mig", "mig.nvidia.com", 6)
     runs = pods.run(api, [target], KINDS, 60, 4)[NODE]
-    facts = PodFacts(Node(name=NODE, target=None, gpu_expected=True, gpu_allocation="dra"),
-                     {"pci": [{}]}, runs)
-    found = {c: CHECKS[c].finding(NODE, CHECKS[c].func(facts))
-             for c in ("dra.claim-count", "dra.claim-isolation", "dra.claim-selector",
-                       "dra.claim-unavailable", "dra.claim-cdi")}
-    assert {c: f.status for c, f in found.items()} == dict.fromkeys(found, PASS), {
-        c: f.message for c, f in found.items()}
+    assert_claim_checks_pass(runs)
     migs = {d.uuid for g in backend.node_map[NODE].gpus for d in g.mig_devices}
     count = runs["claim-count"].records[0]
     assert set(count.uuids) == migs and sorted(count.pod.uuids) == sorted(count.uuids)
