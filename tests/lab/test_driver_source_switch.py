@@ -6,17 +6,27 @@ Its own lab: one gpu-hopper node on Debian 12, so that it starts from Debian's o
   1. site.yml: Debian's 535 (bookworm), held;
   2. nvidia_driver_source: nvidia, nvidia_driver_branch: 580: NVIDIA's repository for
      debian12 (the lab's signed mirror), its version-lock package, the holds released;
+     then NVIDIA's driver bulletins (issue 32) on it, the node's acceptance of Debian 12's
+     vulnerable drivers dropped from the inventory, in order:
+       a. NVIDIA's 580 is 580.178.04, R580's fixed version: driver.security passes
+       b. upgrade-driver.yml to 580.105.08: refused before the node is cordoned (a pin below
+          the branch's security floor), nothing changes
+       c. the same with nvidia_driver_allow_vulnerable: done, every run warns; verify (whose
+          inventory does not accept it) fails driver.security naming bulletin 5861's CVEs
+       d. upgrade-driver.yml without a version: the node below its branch's floor is not "at
+          the target", it gets the branch's newest (580.178.04), driver.security passes again,
+          and the node has the branch's version-lock package, not the version's;
   3. nvidia_driver_branch: 590: the lock package of 590 replaces 580's, the driver moves;
   4. both settings removed: back to Debian's 535, NVIDIA's lock package and the role's
      repository files gone, held again.
 After each step the simulated NVML reports the version that got installed, and the node is
-schedulable again (the upgrade role's verify passed on it).
+schedulable again (the upgrade role's verify passed on it). Steps 2a-2d and 5 run here rather
+than on the session lab, whose worker is the suite's longest: this lab's is done early.
   5. a kernel the node boots next without a module (a real release of the node's archive, the
      lab's fault next-kernel-no-module): verify's driver.next-boot fails; the driver stage
      installs that release's real headers from Debian and DKMS really builds Debian's 535
      module for it (minutes: issue 19 asks for this, not a switched result); verify passes and
-     a second run changes nothing. (Here rather than on the session lab, whose worker is the
-     suite's longest: this lab's is done early.)
+     a second run changes nothing.
 """
 
 from __future__ import annotations
@@ -32,15 +42,18 @@ from conftest import (
     clear_faults,
     connect,
     installed_packages,
+    kube_api,
     node_target,
     playbook_failures,
     recheck_health,
     run_playbook,
     temporary_lab,
 )
+from kubernetes import client
 
-from gpuprov.lab import nodefaults
+from gpuprov.lab import cudarepo, nodefaults
 from gpuprov.lab.lab import Lab
+from gpuprov.nvidia import driver_advisories
 
 pytestmark = pytest.mark.lab
 
@@ -49,6 +62,9 @@ NODE = "gpu-hopper"
 DEBIAN_535 = ["nvidia-kernel-dkms", "nvidia-smi", "libcuda1", "libnvidia-ml1"]
 NVIDIA = ["nvidia-driver-cuda", "nvidia-kernel-dkms", "nvidia-smi", "libcuda1", "libnvidia-ml1",
           "nvidia-persistenced"]
+UPGRADE = "playbooks/upgrade-driver.yml"
+VULNERABLE, FIXED = cudarepo.VULNERABLE_580, cudarepo.FIXED_580  # 580.105.08-1, 580.178.04-1
+DRIVER_PACKAGES = ("nvidia-driver-cuda", "libcuda1", "libnvidia-ml1", "nvidia-smi")
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +72,7 @@ def switch_lab(tmp_path_factory):
     yield from temporary_lab(tmp_path_factory, "switchlab", "--nodes", f"{NODE}@debian-12")
 
 
-def _set_host_vars(lab: Lab, **values: str | None) -> None:
+def _set_host_vars(lab: Lab, **values: str | bool | None) -> None:
     """The admin's edit of the inventory (what the upgrade's verify step reads too); None
     removes the setting."""
     doc = yaml.safe_load(lab.inventory_path.read_text())
@@ -107,8 +123,65 @@ def to_nvidia_580(switch_lab, from_debian):
     return _node(switch_lab)
 
 
+def _security(lab: Lab) -> dict:
+    """verify's driver.security finding (node phase only: the cluster and pod phases belong
+    to the session lab's test_verify_lab)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuprov", "verify", "-i", str(lab.inventory_path), "--limit",
+         NODE, "--skip", "k8s,pods", "--json"],
+        capture_output=True, text=True, timeout=300, check=False)
+    doc = json.loads(proc.stdout)
+    (finding,) = [r for r in doc["results"] if r["check"] == "driver.security"]
+    print(f"verify --limit {NODE}: exit {proc.returncode}; driver.security {finding['status']}: "
+          f"{finding['message']}")
+    return {**finding, "rc": proc.returncode}
+
+
+def _driver(lab: Lab) -> dict[str, str]:
+    with connect(node_target(lab, NODE)) as conn:
+        packages = installed_packages(conn)
+    return {name: packages[name][0] for name in (*DRIVER_PACKAGES, "nvidia-driver-pinning-580",
+                                                 "nvidia-driver-pinning-580.105.08")
+            if name in packages}
+
+
+def _k8s_node(lab: Lab):
+    return client.CoreV1Api(kube_api(lab)).read_node(NODE)
+
+
+def _warnings(doc: dict) -> list[str]:
+    return [result.get("msg", "") for play in doc["plays"] for task in play["tasks"]
+            if task["task"]["name"].endswith("Warn that the installed driver lacks NVIDIA's "
+                                             "security fixes")
+            for host, result in task["hosts"].items()
+            if host == NODE and not result.get("skipped")]
+
+
 @pytest.fixture(scope="module")
-def to_590(switch_lab, to_nvidia_580):
+def security_story(switch_lab, to_nvidia_580):
+    """Step 2's bulletins story: each step's outcome, in order (a failed step stops it). On
+    NVIDIA's fixed 580 the node no longer needs Debian 12's acceptance of vulnerable drivers:
+    the admin drops it, and gives it back after (Debian's 535 comes back in step 4)."""
+    lab = switch_lab
+    _set_host_vars(lab, nvidia_driver_allow_vulnerable=None)
+    steps = {"start": (_driver(lab), _security(lab))}
+    rc, doc = run_playbook(lab, UPGRADE, "--limit", NODE, "-e",
+                           f"nvidia_driver_version={VULNERABLE}")
+    steps["refused"] = (rc, playbook_failures(doc), _driver(lab), _k8s_node(lab))
+    rc, doc = run_playbook(lab, UPGRADE, "--limit", NODE, "-e",
+                           f"nvidia_driver_version={VULNERABLE}", "-e",
+                           "nvidia_driver_allow_vulnerable=true")
+    assert rc == 0, playbook_failures(doc)
+    steps["vulnerable"] = (_warnings(doc), _driver(lab), _security(lab))
+    rc, doc = run_playbook(lab, UPGRADE, "--limit", NODE)
+    assert rc == 0, playbook_failures(doc)
+    steps["fixed"] = (_warnings(doc), _driver(lab), _security(lab), _k8s_node(lab))
+    _set_host_vars(lab, nvidia_driver_allow_vulnerable=True)
+    return steps
+
+
+@pytest.fixture(scope="module")
+def to_590(switch_lab, to_nvidia_580, security_story):
     _set_host_vars(switch_lab, nvidia_driver_branch="590")
     _upgrade(switch_lab)
     return _node(switch_lab)
@@ -138,6 +211,53 @@ def test_switching_to_nvidias_repository_installs_its_580_and_releases_the_holds
     for name in NVIDIA:
         version, selection = packages[name]
         assert version.startswith("580.") and selection == "install", (name, packages[name])
+
+
+def test_nvidias_580_is_the_fixed_version_and_driver_security_passes(security_story):
+    driver, security = security_story["start"]
+    assert set(driver[p] for p in DRIVER_PACKAGES) == {FIXED}
+    assert security["status"] == "pass" and security["rc"] == 0
+    assert security["message"] == ("driver 580.178.04 has every fix for R580 (newest: bulletin "
+                                   "5861, 2026-09-30, fixed in 580.178.04)")
+
+
+def test_a_pin_below_the_floor_is_refused_before_the_node_is_cordoned(security_story):
+    rc, failures, driver, node = security_story["refused"]
+    assert rc != 0
+    assert f"nvidia_driver_version {VULNERABLE} is below R580's fixed version 580.178.04" \
+        in failures and driver_advisories.assess(VULNERABLE).below_text() in failures, failures
+    assert "nvidia_driver_allow_vulnerable: true to accept the risk" in failures
+    assert set(driver[p] for p in DRIVER_PACKAGES) == {FIXED}  # nothing changed
+    assert not node.spec.unschedulable
+    assert not {k for k in node.metadata.annotations or {} if k.startswith("gpuprov.io/upgrade")}
+
+
+def test_accepted_it_installs_warns_and_verify_fails_it(security_story):
+    warnings, driver, security = security_story["vulnerable"]
+    assert set(driver[p] for p in DRIVER_PACKAGES) == {VULNERABLE}
+    assert "nvidia-driver-pinning-580.105.08" in driver
+    assert len(warnings) == 1 and warnings[0].startswith(
+        f"WARNING: {NODE}: nvidia_driver_version {VULNERABLE} is below R580's fixed version")
+    assert warnings[0].endswith("Accepted: nvidia_driver_allow_vulnerable.")
+    # The inventory does not accept it: a failure naming the bulletins, the CVE, the version.
+    assert security["status"] == "fail" and security["rc"] == 1
+    assert security["message"].startswith("driver 580.105.08 is below R580's fixed version "
+                                          "580.178.04: bulletin 5747 (2026-01-28")
+    # 5861's 78 CVEs for R580, cut to the first three and the count (the table's test checks it).
+    assert "bulletin 5861 (2026-09-30, high 7.8: CVE-2026-47489, CVE-2026-47491, " \
+        "CVE-2026-47492 and 75 more)" in security["message"]
+    assert security["message"].endswith("install 580.178.04 or newer")
+
+
+def test_the_upgrade_without_a_version_moves_it_to_the_fixed_one(security_story):
+    warnings, driver, security, node = security_story["fixed"]
+    assert set(driver[p] for p in DRIVER_PACKAGES) == {FIXED}
+    # As the switch left it: the branch's lock package, not the version's.
+    assert "nvidia-driver-pinning-580" in driver
+    assert "nvidia-driver-pinning-580.105.08" not in driver
+    assert warnings == []
+    assert security["status"] == "pass" and security["rc"] == 0
+    assert not node.spec.unschedulable
 
 
 def test_moving_the_branch_replaces_the_lock_and_the_driver(to_590):
