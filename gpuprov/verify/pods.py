@@ -576,8 +576,8 @@ class DraNodeRunner(NodeRunner):
 
 def stays(there: Callable[[], bool], timeout: float, interval: float,
           sleep: Callable[[float], None] = time.sleep) -> bool:
-    """Whether `there()` still holds after `timeout` seconds, asked every `interval` (at
-    least twice: once at once, once at the end)."""
+    """Whether `there()` still holds after `timeout` seconds: asked at once, then every
+    `interval` until it no longer holds or the time is up (asked once more at the end)."""
     deadline = time.monotonic() + timeout
     while there():
         if time.monotonic() >= deadline:
