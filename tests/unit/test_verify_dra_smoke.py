@@ -161,3 +161,9 @@ def test_on_a_partitioned_node_the_claims_ask_for_mig_devices(mig_dra_lab):
     assert set(count.uuids) == migs and sorted(count.pod.uuids) == sorted(count.uuids)
     isolated = runs["claim-isolation"].records
     assert len(isolated) == 6 and {u for r in isolated for u in r.pod.uuids} == migs
+    facts = PodFacts(Node(name=NODE, target=None, gpu_expected=True, gpu_allocation="dra"),
+                     {"pci": [{}]}, runs)
+    assert CHECKS["dra.claim-count"].func(facts).message == (
+        "the pod sees exactly its 6 claimed MIG device(s)")
+    assert CHECKS["dra.claim-isolation"].func(facts).message == (
+        "6 pods, 6 distinct MIG devices, each its claim's")

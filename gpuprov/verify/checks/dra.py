@@ -370,6 +370,13 @@ def _not_seen(record: Any) -> str | None:
                                                     if record.unschedulable else ""))
 
 
+def _noun(uuids: Any) -> str:
+    """What the claims got: MIG devices (their UUIDs are MIG-...) or GPUs."""
+    uuids = list(uuids)
+    return "MIG device(s)" if uuids and all(str(u).startswith("MIG-") for u in uuids) \
+        else "GPU(s)"
+
+
 def _record_details(record: Any) -> dict[str, Any]:
     return {"pod": record.pod.name, "claim": record.claim, "allocated_node": record.node,
             "claimed": list(record.uuids), "seen": list(record.pod.uuids),
@@ -408,7 +415,8 @@ def claim_count(facts: Any) -> Verdict:
     wrong = claims.judge_count(record.pod.uuids, record.uuids, run.requested)
     if wrong:
         return problem(wrong, **details)
-    return passed(f"the pod sees exactly its {run.requested} claimed GPU(s)", **details)
+    return passed(f"the pod sees exactly its {run.requested} claimed {_noun(record.uuids)}",
+                  **details)
 
 
 @check(
@@ -437,7 +445,8 @@ def claim_isolation(facts: Any) -> Verdict:
     if strays:
         return problem(f"pods see another GPU than their claim's: {', '.join(strays)}",
                        **details)
-    return passed(f"{len(run.records)} pods, {len(run.records)} distinct GPUs, each its "
+    devices = _noun([u for r in run.records for u in r.uuids]).replace("(s)", "s")
+    return passed(f"{len(run.records)} pods, {len(run.records)} distinct {devices}, each its "
                   "claim's", **details)
 
 
