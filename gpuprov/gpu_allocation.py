@@ -38,6 +38,10 @@ DEVICE_PLUGIN, DRA = "device-plugin", "dra"
 MODES = (DEVICE_PLUGIN, DRA)
 DEFAULT = DEVICE_PLUGIN
 SETTING = "gpu_allocation"
+# NVIDIA's DRA driver for GPUs: its name, the driver of its ResourceSlices, of the allocation
+# results of its claims and of its devices' attributes (kubernetes-sigs/dra-driver-nvidia-gpu
+# v0.4.1 cmd/gpu-kubelet-plugin/main.go DriverName).
+DRA_DRIVER = "gpu.nvidia.com"
 
 KUBERNETES_SINCE = (1, 34, 2)
 DRIVER_BRANCH_SINCE = 565

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpuprov import cordon
@@ -222,10 +222,14 @@ def _requests_gpu(pod: Mapping[str, Any]) -> bool:
     return False
 
 
-def gpu_pods(pods: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
+def gpu_pods(pods: Iterable[Mapping[str, Any]],
+             holds_gpu: Callable[[Mapping[str, Any]], bool] | None = None
+             ) -> list[dict[str, str]]:
     """The pods to evict before a layout change: running (not Succeeded or Failed), asking
-    for a GPU resource of NVIDIA's device plugin, not a DaemonSet's (its controller would put
-    it back at once; NVIDIA's GPU clients are DaemonSets the stage pauses by label)."""
+    for a GPU resource of NVIDIA's device plugin or, by `holds_gpu`, holding GPUs otherwise
+    (a DRA claim: gpuprov.stages.nvidia_dra_driver.gpu_pods), not a DaemonSet's (its
+    controller would put it back at once; NVIDIA's GPU clients are DaemonSets the stage
+    pauses by label)."""
     found = []
     for pod in pods:
         metadata = pod.get("metadata") or {}
@@ -234,7 +238,7 @@ def gpu_pods(pods: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
         owners = metadata.get("ownerReferences") or []
         if any(isinstance(o, Mapping) and o.get("kind") == "DaemonSet" for o in owners):
             continue
-        if _requests_gpu(pod):
+        if _requests_gpu(pod) or (holds_gpu is not None and holds_gpu(pod)):
             found.append({"namespace": str(metadata.get("namespace") or "default"),
                           "name": str(metadata.get("name"))})
     return found

@@ -29,10 +29,6 @@ from gpuprov.nvidia import labels
 from gpuprov.stages import gpu_mig, nvidia_device_plugin
 from gpuprov.stages._node_read import truthy
 
-# NVIDIA's DRA driver for GPUs (kubernetes-sigs/dra-driver-nvidia-gpu v0.4.1
-# cmd/gpu-kubelet-plugin/main.go DriverName): the driver of its ResourceSlices and of the
-# allocation results of its claims.
-DRIVER = "gpu.nvidia.com"
 # gpu_node_maintenance's owner for a switch: annotations gpuprov.io/gpu-allocation-*.
 OWNER = "gpu-allocation"
 
@@ -110,39 +106,33 @@ def _gpu_claims(claims: Iterable[Mapping]) -> set[tuple[str, str]]:
     for claim in claims:
         results = (((claim.get("status") or {}).get("allocation") or {}).get("devices")
                    or {}).get("results") or []
-        if any(isinstance(r, Mapping) and r.get("driver") == DRIVER for r in results):
+        if any(isinstance(r, Mapping) and r.get("driver") == gpu_allocation.DRA_DRIVER
+               for r in results):
             meta = claim.get("metadata") or {}
             found.add((str(meta.get("namespace") or "default"), str(meta.get("name"))))
     return found
 
 
 def gpu_pods(pods: Iterable[Mapping], claims: Iterable[Mapping] = ()) -> list[dict[str, str]]:
-    """The pods to evict before a switch, in either direction: gpu_mig.gpu_pods' (running, not
-    a DaemonSet's, asking for nvidia.com/gpu or a MIG resource) and the running non-DaemonSet
-    pods holding a claim allocated a gpu.nvidia.com device. A claim's devices stay prepared
-    on the node while a pod holds it, so the DRA driver must not leave before those pods do
-    (NVIDIA's GPU Operator keeps its deploy label while such pods remain: NVIDIA/gpu-operator
-    v26.7.0 controllers/nodelabeling_controller.go, read 2026-11-26)."""
-    pods = list(pods)
-    found = gpu_mig.gpu_pods(pods)
+    """The pods to evict before a switch, in either direction, or before a MIG change:
+    gpu_mig.gpu_pods' (running, not a DaemonSet's, asking for nvidia.com/gpu or a MIG
+    resource) and those holding a claim allocated a gpu.nvidia.com device. A claim's devices
+    stay prepared on the node while a pod holds it, so the DRA driver must not leave before
+    those pods do (NVIDIA's GPU Operator keeps its deploy label while such pods remain:
+    NVIDIA/gpu-operator v26.7.0 controllers/nodelabeling_controller.go, read 2026-11-26)."""
     held = _gpu_claims(claims)
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        entry = {"namespace": str(meta.get("namespace") or "default"),
-                 "name": str(meta.get("name"))}
-        if entry in found or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        if any(isinstance(o, Mapping) and o.get("kind") == "DaemonSet"
-               for o in meta.get("ownerReferences") or []):
-            continue
-        if any((entry["namespace"], name) in held for name in _claim_names(pod)):
-            found.append(entry)
-    return found
+
+    def holds_claim(pod: Mapping) -> bool:
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+        return any((namespace, name) in held for name in _claim_names(pod))
+
+    return gpu_mig.gpu_pods(pods, holds_claim)
 
 
 def _has_slice(slices: Iterable[Mapping], name: str) -> bool:
     return any((s.get("spec") or {}).get("nodeName") == name
-               and (s.get("spec") or {}).get("driver") == DRIVER for s in slices)
+               and (s.get("spec") or {}).get("driver") == gpu_allocation.DRA_DRIVER
+               for s in slices)
 
 
 def without_slice(names: Iterable[str], slices: Iterable[Mapping]) -> list[str]:

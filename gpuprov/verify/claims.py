@@ -15,11 +15,13 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from gpuprov import gpu_allocation
+
 GPU_CLASS = "gpu.nvidia.com"  # the DeviceClass of whole GPUs (templates/nvidia-dra-driver.yml.j2)
 MIG_CLASS = "mig.nvidia.com"  # and of MIG devices (the chart's deviceclass-mig.yaml)
 # A published device's `type` attribute -> the DeviceClass that selects it.
 DEVICE_CLASSES = {"gpu": GPU_CLASS, "mig": MIG_CLASS}
-DRIVER = "gpu.nvidia.com"
+DRIVER = gpu_allocation.DRA_DRIVER
 REQUEST = "gpus"  # the request's name in every smoke template, and the pod's claim entry's
 CDI_DIR = "/var/run/cdi"
 # How long a claim's CDI spec may stay on the node after its pod is gone: the kubelet

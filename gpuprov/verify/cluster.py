@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpuprov import gpu_allocation
 from gpuprov.errors import GpuprovError
 
 # Pods that hold or may soon hold GPUs: Succeeded/Failed pods release theirs.
@@ -100,11 +101,6 @@ def _list(call: Any, **kwargs: Any) -> list[dict]:
     return json.loads(response.data).get("items") or []
 
 
-# NVIDIA's DRA driver's name, the ResourceSlices' spec.driver (kubernetes-sigs/
-# dra-driver-nvidia-gpu cmd/gpu-kubelet-plugin: DriverName; research/dra.md 1.5).
-DRA_DRIVER = "gpu.nvidia.com"
-
-
 def node_slices(api: Any, node: str) -> tuple[Mapping[str, Any], ...] | str:
     """The ResourceSlices NVIDIA's DRA driver publishes for one node (field selectors on
     spec.nodeName and spec.driver, which the API server supports for ResourceSlices), or why
@@ -114,7 +110,7 @@ def node_slices(api: Any, node: str) -> tuple[Mapping[str, Any], ...] | str:
 
     try:
         return tuple(_list(client.ResourceV1Api(api).list_resource_slice,
-                           field_selector=f"spec.nodeName={node},spec.driver={DRA_DRIVER}"))
+                           field_selector=f"spec.nodeName={node},spec.driver={gpu_allocation.DRA_DRIVER}"))
     except ApiException as exc:
         if exc.status == 404:
             return ("the API server serves no resource.k8s.io/v1 ResourceSlices (Kubernetes "

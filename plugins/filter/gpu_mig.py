@@ -10,7 +10,6 @@ on the controller.
     probe | gpuprov_mig_plan(config, configs=None, node=None)
         -> {"managed", "capable", "change", "skip", "summary", "reason", "apply",
             "take_patch", "done_patch", "failed_patch", "labels_patch", ...}
-    pods | gpuprov_mig_gpu_pods          -> [{"namespace", "name"}, ...] to evict
     stdout | gpuprov_mig_applied(rc)     -> the applier's report, or why it has none
 
 The cordon, the host's GPU clients and the failure's annotation are the gpu_node_maintenance
@@ -42,16 +41,9 @@ def gpuprov_mig_plan(probe: Any, config: Any, configs: Any = None, node: Any = N
         node if isinstance(node, Mapping) else None), (mig.StageError,))
 
 
-def gpuprov_mig_gpu_pods(pods: Any) -> list[dict]:
-    if not isinstance(pods, list):
-        raise AnsibleFilterError(f"gpuprov_mig_gpu_pods expects a list of Pod objects, got "
-                                 f"{type(pods).__name__}")
-    return support.stage("gpu_mig").gpu_pods([p for p in pods if isinstance(p, Mapping)])
-
-
 def gpuprov_mig_applied(stdout: Any, rc: Any) -> dict:
     return support.stage("gpu_mig").applied(str(stdout or ""), rc)
 
 
-FilterModule = support.filter_module(gpuprov_mig_check, gpuprov_mig_plan, gpuprov_mig_gpu_pods,
+FilterModule = support.filter_module(gpuprov_mig_check, gpuprov_mig_plan,
                                      gpuprov_mig_applied)

@@ -1,7 +1,8 @@
 """Ansible module: evict named pods through the Kubernetes API and wait until they are gone.
 
-The gpu_mig role evicts a node's GPU pods (gpuprov.stages.gpu_mig.gpu_pods chooses them) before it
-changes the node's MIG layout. kubernetes.core's k8s_drain evicts every pod of a node, chosen
+The gpu_mig and nvidia_dra_driver roles evict a node's GPU pods
+(gpuprov.stages.nvidia_dra_driver.gpu_pods chooses them) before they change the node's MIG
+layout or its GPU allocation. kubernetes.core's k8s_drain evicts every pod of a node, chosen
 by label only, and no module of that collection evicts single pods: hence this one, with the
 kubernetes client the collection uses.
 """
@@ -43,7 +44,7 @@ options:
 EXAMPLES = r"""
 - name: Evict the node's GPU pods
   gpuprov_evict_pods:
-    pods: "{{ pods.resources | gpuprov_mig_gpu_pods }}"
+    pods: "{{ pods.resources | gpuprov_allocation_gpu_pods(claims.resources) }}"
     kubeconfig: "{{ k8s_kubeconfig }}"
   delegate_to: localhost
 """

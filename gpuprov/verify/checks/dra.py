@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuprov import runtime_mode
+from gpuprov import gpu_allocation, runtime_mode
 from gpuprov.verify import claims
 from gpuprov.verify.checks import k8s
 from gpuprov.verify.checks._util import gpu_label
@@ -92,19 +92,13 @@ def _slices(facts: ClusterFacts) -> tuple[list[Mapping[str, Any]], Verdict | Non
     if isinstance(facts.slices, str):
         return [], problem(facts.slices)
     if not facts.slices:
-        return [], problem(f"no ResourceSlice of {_driver()} for the node: the DRA plugin has "
-                           "not published it (kubectl logs its pod)")
+        return [], problem(f"no ResourceSlice of {gpu_allocation.DRA_DRIVER} for the node: the "
+                           "DRA plugin has not published it (kubectl logs its pod)")
     newest = max(int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0)
                  for s in facts.slices)
     return [s for s in facts.slices
             if int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0)
             == newest], None
-
-
-def _driver() -> str:
-    from gpuprov.verify.cluster import DRA_DRIVER
-
-    return DRA_DRIVER
 
 
 @check(
