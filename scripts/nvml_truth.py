@@ -35,6 +35,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gpuprov.nvidia.hardware import GO_NVLIB_BRANDS  # noqa: E402 (after the path)
+
 MIB = 1024 * 1024
 
 
@@ -338,6 +340,7 @@ def smi_values(xml_text: str) -> dict:
             "pci_device_id": _pci_from_smi(_text(gpu, "pci/pci_device_id")),
             "pci_subsystem_id": _pci_from_smi(_text(gpu, "pci/pci_sub_system_id")),
             "architecture": _text(gpu, "product_architecture"),
+            "brand": _text(gpu, "product_brand"),
             "memory.total_mib": _number(_text(gpu, "fb_memory_usage/total")),
             "memory.reserved_mib": _number(_text(gpu, "fb_memory_usage/reserved")),
             "memory.used_mib": _number(_text(gpu, "fb_memory_usage/used")),
@@ -413,6 +416,8 @@ def probe_values(report: dict) -> dict:
         values["clock_event_reasons.names"] = sorted(
             (gpu.get("clock_event_reasons") or {}).get("names") or [])
         values["processes"] = len(gpu.get("processes") or [])
+        brand = gpu.get("brand_nvml")
+        values["brand"] = GO_NVLIB_BRANDS.get(brand, brand)  # as NVIDIA's DRA driver names it
         gpus[bus] = values
     return {"system": system, "gpus": gpus}
 
@@ -420,6 +425,9 @@ def probe_values(report: dict) -> dict:
 def _same(key: str, ours: Any, theirs: Any) -> bool:
     if key == "architecture" and ours is not None and theirs is not None:
         return str(ours).lower().replace("-", " ") == str(theirs).lower().replace("-", " ")
+    if key == "brand" and ours is not None and theirs is not None:
+        # go-nvlib's "Nvidia", "NvidiaRTX" are nvidia-smi's "NVIDIA", "NVIDIA RTX"
+        return str(ours).lower() == str(theirs).lower().replace(" ", "")
     if isinstance(ours, bool) or isinstance(theirs, bool):
         return ours == theirs
     if isinstance(ours, (int, float)) and isinstance(theirs, (int, float)):

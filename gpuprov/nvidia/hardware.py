@@ -77,6 +77,20 @@ NVML_ARCHITECTURES: dict[int, str] = {
     10: "blackwell",
 }
 
+# go-nvlib's names of NVML's enums, which NVIDIA's DRA driver publishes as the device
+# attributes `architecture` and `brand` (NVIDIA/go-nvlib pkg/nvlib/device/device.go
+# GetArchitectureAsString, GetBrandAsString; the values are nvml.h's NVML_DEVICE_ARCH_* and
+# nvmlBrandType). An enum go-nvlib does not name is an error there.
+GO_NVLIB_ARCHITECTURES: dict[int, str] = {
+    2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
+    8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 0xFFFFFFFF: "Unknown",
+}
+GO_NVLIB_BRANDS: dict[int, str] = {
+    0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
+    7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming",
+    12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX",
+}
+
 # Branches at or below this one no longer build against the kernels of any OS gpuprov
 # supports (340.xx was last updated for Linux 5.x and is packaged only in Debian sid);
 # a GPU whose newest branch is one of them is "legacy".

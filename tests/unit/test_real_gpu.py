@@ -182,6 +182,7 @@ def test_the_simulated_h200_answers_as_the_real_one(simulated):
     assert sim["errors"] == real["errors"]
     assert simulated["driver_version"] == RECORD["driver_version"]
     assert simulated["cuda_driver_version"] == RECORD["cuda_driver_version"]
+    assert sim["extras"]["nvmlDeviceGetBrand"] == real["extras"]["nvmlDeviceGetBrand"]
     assert (sim["extras"]["nvmlDeviceGetTemperatureThreshold"]["3"]
             == real["extras"]["nvmlDeviceGetTemperatureThreshold"]["3"])  # GPU max (T.Limit)
 

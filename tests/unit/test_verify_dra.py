@@ -35,9 +35,11 @@ def docs_devices() -> dict[str, dict]:
 def a100_report() -> dict:
     """NVML's answers, in the probe's formats, for the GPU the docs' device describes (an
     A100-PCIE-40GB, minor 0, driver 580.126.20 with CUDA 13.0): NVML's 8-digit PCI domain,
-    its "8.0" compute capability, its architecture enum (7, Ampere), its total bytes."""
+    its "8.0" compute capability, its architecture enum (7, Ampere), its brand enum (14,
+    NVML_BRAND_NVIDIA, nvidia-smi's "NVIDIA"), its total bytes."""
     gpu = {"index": 0, "minor_number": 0, "error": None, "name": "NVIDIA A100-PCIE-40GB",
            "uuid": "GPU-2fa81118-5a5f-aa66-7660-471eed407181", "architecture_nvml": 7,
+           "brand_nvml": 14,
            "compute_capability": "8.0", "pci_bus_id": "00000000:65:00.0",
            "memory": {"total": 40 * 2**30}, "mig": {"current": False, "devices": []}}
     return {"pci": [{}], "nvml": {"driver_version": "580.126.20", "cuda_driver_version": "13.0",
@@ -93,6 +95,7 @@ def test_the_docs_device_matches_nvml_of_the_gpu_it_describes():
     ("uuid", "GPU-00000000-5a5f-aa66-7660-471eed407181"),
     ("productName", "NVIDIA A100-SXM4-40GB"),
     ("architecture", "Hopper"),
+    ("brand", "Tesla"),
     ("cudaComputeCapability", "8.6.0"),
     ("driverVersion", "580.126.9"),
     ("cudaDriverVersion", "12.9.0"),
@@ -108,6 +111,17 @@ def test_each_attribute_nvml_disagrees_with_is_one_finding(attribute, value):
     assert (found["attribute"], found["published"]) == (attribute, value)
     assert found["remedy"]
     assert finding.remediation
+
+
+def test_a_probe_report_without_the_brand_leaves_it_out():
+    # A report of a probe from before brand_nvml (the recorded H200's is one): no brand to
+    # compare, so no finding about it either way.
+    report = a100_report()
+    del report["nvml"]["gpus"][0]["brand_nvml"]
+    device = docs_devices()["gpu"]
+    device["attributes"]["brand"] = {"string": "Tesla"}
+    assert run("dra.devices-vs-nvml", facts(report, (slice_of("gpu-a", [device]),))).status \
+        == PASS
 
 
 def test_memory_capacity_is_compared_as_a_quantity():

@@ -36,20 +36,13 @@ import re
 from collections.abc import Iterable, Mapping
 
 from gpuprov.lab.kube.backend import Gpu, GpuFacts, MigDevice
+from gpuprov.nvidia.hardware import GO_NVLIB_ARCHITECTURES, GO_NVLIB_BRANDS
 
 DRIVER = "gpu.nvidia.com"
 CDI_VENDOR = "k8s." + DRIVER  # cdi.go cdiVendor
 CDI_CLASS = "claim"  # cdi.go cdiClaimClass
 CDI_ROOT = "/var/run/cdi"
 
-# go-nvlib pkg/nvlib/device/device.go GetArchitectureAsString (NVML's nvmlDeviceArchitecture_t).
-ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
-                 8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 0xFFFFFFFF: "Unknown"}
-# go-nvlib GetBrandAsString (NVML's nvmlBrandType).
-BRANDS = {0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
-          7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS",
-          11: "NvidiaCloudGaming", 12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia",
-          15: "GeForceRTX", 16: "TitanRTX"}
 _BUS_ID_PREFIX = re.compile(r"^0000[0-9a-f]{4}:")  # go-nvlib pciBusIDPrefixRE
 _BINARY_SI = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
@@ -93,10 +86,10 @@ def _facts(gpu: Gpu) -> GpuFacts:
     if f is None:
         raise PluginError(f"error getting GPU info for {gpu.uuid or 'a GPU'}: NVML did not "
                           "answer")
-    if f.architecture not in ARCHITECTURES:
+    if f.architecture not in GO_NVLIB_ARCHITECTURES:
         raise PluginError(f"error interpreting device architecture as string: "
                           f"{f.architecture}")
-    if f.brand not in BRANDS:
+    if f.brand not in GO_NVLIB_BRANDS:
         raise PluginError(f"error interpreting device brand as string: {f.brand}")
     return f
 
@@ -107,8 +100,8 @@ def _common_attributes(f: GpuFacts) -> dict:
     cuda = f"{f.cuda_driver_version // 1000}.{(f.cuda_driver_version % 1000) // 10}"
     return {
         "productName": {"string": f.name},
-        "brand": {"string": BRANDS[f.brand]},
-        "architecture": {"string": ARCHITECTURES[f.architecture]},
+        "brand": {"string": GO_NVLIB_BRANDS[f.brand]},
+        "architecture": {"string": GO_NVLIB_ARCHITECTURES[f.architecture]},
         "cudaComputeCapability": {"version": semver(f.compute_capability)},
         "driverVersion": {"version": semver(f.driver_version)},
         "cudaDriverVersion": {"version": semver(cuda)},

@@ -51,6 +51,7 @@ Schema (schema_version 1; keys are always present, values may be null):
                            where only v1 answered, whose "used" includes it),
                            compute_capability "6.0", architecture_nvml (int),
                            architecture (GPU Feature Discovery name, e.g. "pascal"),
+                           brand_nvml (int, nvmlBrandType),
                            temperature {current, slowdown, shutdown} (C),
                            utilization {gpu, memory} (%), power {usage_w, limit_w},
                            persistence_mode, ecc {mode_current, mode_pending,

@@ -171,6 +171,7 @@ def _gpu(nv: Any, index: int) -> dict:
     arch = q("architecture", lambda: nv.nvmlDeviceGetArchitecture(handle))
     gpu["architecture_nvml"] = arch
     gpu["architecture"] = _architecture_name(arch)
+    gpu["brand_nvml"] = q("brand", lambda: nv.nvmlDeviceGetBrand(handle))
     gpu["temperature"] = {
         "current": q(
             "temperature.current", lambda: nv.nvmlDeviceGetTemperature(handle, _TEMPERATURE_GPU)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuprov import gpu_allocation, runtime_mode
+from gpuprov.nvidia.hardware import GO_NVLIB_ARCHITECTURES, GO_NVLIB_BRANDS
 from gpuprov.verify import claims
 from gpuprov.verify.checks import k8s
 from gpuprov.verify.checks._util import gpu_label
@@ -24,12 +25,6 @@ from gpuprov.verify.findings import Verdict, check, errored, passed, problem, sk
 # (checks/k8s.py): registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu, the role's default
 # (roles/nvidia_dra_driver/defaults/main.yml) and the upstream chart's.
 DRA_PLUGIN_IMAGE = "dra-driver-nvidia-gpu"
-
-# go-nvlib's names of NVML's architecture enum (NVIDIA/go-nvlib pkg/nvlib/device/device.go,
-# GetArchitectureAsString; the values are nvml.h's NVML_DEVICE_ARCH_*), which the driver
-# publishes as `architecture`. An enum it does not know is an error there, and here.
-ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
-                 8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 0xFFFFFFFF: "Unknown"}
 
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 
@@ -168,10 +163,11 @@ def same_quantity(published: Any, nvml_bytes: Any) -> bool:
 
 
 def _expected_gpu(gpu: Mapping[str, Any], nvml: Mapping[str, Any]) -> dict[str, Any]:
-    """What the driver publishes for a full GPU, from the probe's NVML record. Not `brand`:
-    the probe does not read nvmlDeviceGetBrand (yet), so it is not compared."""
+    """What the driver publishes for a full GPU, from the probe's NVML record (a report of a
+    probe older than `brand_nvml` leaves the brand out of the comparison)."""
     return {"type": "gpu", "uuid": gpu.get("uuid"), "productName": gpu.get("name"),
-            "architecture": ARCHITECTURES.get(gpu.get("architecture_nvml")),
+            "brand": GO_NVLIB_BRANDS.get(gpu.get("brand_nvml")),
+            "architecture": GO_NVLIB_ARCHITECTURES.get(gpu.get("architecture_nvml")),
             "cudaComputeCapability": gpu.get("compute_capability"),
             "driverVersion": nvml.get("driver_version"),
             "cudaDriverVersion": nvml.get("cuda_driver_version"),
@@ -228,8 +224,8 @@ def _compare(name: str, device: Mapping[str, Any], want: Mapping[str, Any],
     phase="cluster",
     severity="error",
     description="on a DRA node, the published devices are NVML's: gpu-<minor> per GPU with MIG "
-    "off, one type=mig device per MIG device; uuid, productName, architecture, versions, memory "
-    "and PCI bus ID as NVML reports them",
+    "off, one type=mig device per MIG device; uuid, productName, brand, architecture, versions, "
+    "memory and PCI bus ID as NVML reports them",
     remediation="restart the DRA plugin pod on the node (kubectl delete pod ...): it reads NVML "
     "once at start; each finding's remedy says more",
 )
