@@ -83,9 +83,10 @@ test-molecule: venv
 COVERED_BY_LAB := --deselect tests/molecule/test_nvidia_driver.py::test_molecule_nvidia_driver
 
 # One pytest run, so the summary line counts every test; lint runs beside it (its output
-# follows pytest's) and fails the target too.
+# follows pytest's), at a low priority (it is done long before the tests), and fails the
+# target too.
 test: venv containerd-bins
-	@$(MAKE) --no-print-directory lint > .lint.log 2>&1 & lint=$$!; \
+	@nice -n 10 $(MAKE) --no-print-directory lint > .lint.log 2>&1 & lint=$$!; \
 	rc=0; pytest $(XDIST) $(DURATIONS) $(COVERED_BY_LAB) tests || rc=$$?; \
 	lint_rc=0; wait $$lint || lint_rc=$$?; \
 	echo "== make lint (exit $$lint_rc)"; cat .lint.log; rm -f .lint.log; \

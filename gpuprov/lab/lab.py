@@ -184,6 +184,24 @@ class Lab:
         override = os.environ.get("GPUPROV_LAB_APT_CACHE")
         return Path(override).resolve() if override else CACHE / "apt-archives" / "lab"
 
+    @staticmethod
+    def cpu_shares() -> int | None:
+        """GPUPROV_LAB_CPU_SHARES: the nodes' CPU weight against other containers of the
+        machine (podman --cpu-shares; 1024 is a container's default). The test suite gives
+        the labs that run beside its session lab less, so that the longest chain of tests,
+        the session lab's, is the one served first when the CPUs are short."""
+        text = os.environ.get("GPUPROV_LAB_CPU_SHARES")
+        if not text:
+            return None
+        try:
+            shares = int(text)
+        except ValueError:
+            shares = 0
+        if not 2 <= shares <= 262144:  # the kernel's cpu.shares range (cgroup v1)
+            raise GpuprovError(f"GPUPROV_LAB_CPU_SHARES={text!r} is not a CPU weight: give a "
+                               "whole number from 2 to 262144 (1024 is the default), or unset it")
+        return shares
+
     def node_dir(self, name: str) -> Path:
         return self.dir / "nodes" / name
 
@@ -211,6 +229,7 @@ class Lab:
     # -- up ------------------------------------------------------------------------------
     def up(self, node_specs: list[str] | None = None, with_docker: bool = False) -> LabState:
         needs.check()  # every missing piece in one line, before anything is started
+        self.cpu_shares()  # a bad GPUPROV_LAB_CPU_SHARES, before anything is started
         existing = self.load()
         asked = bool(node_specs) or with_docker
         wanted = plan_nodes((node_specs or profiles.DEFAULT_LAB)
@@ -319,6 +338,9 @@ class Lab:
             "--hostname", node.name, "--label", f"{LABEL}={self.lab_id}", "--systemd=always",
             "--publish", "127.0.0.1::22",
         ]
+        shares = self.cpu_shares()
+        if shares is not None:
+            args += ["--cpu-shares", str(shares)]
         for src, dst in mounts.items():
             args += ["--volume", f"{src}:{dst}:ro"]
         for src, dst in mounts_rw.items():

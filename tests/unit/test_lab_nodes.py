@@ -51,3 +51,25 @@ def test_every_os_has_its_own_image_and_driver_settings():
         assert set(settings) <= {"nvidia_driver_source", "nvidia_driver_branch",
                                  "nvidia_driver_allow_vulnerable"}
         assert settings["nvidia_driver_source"] in ("distro", "nvidia")
+
+
+@pytest.mark.parametrize(("value", "shares"), [(None, None), ("", None), ("512", 512),
+                                               ("2", 2), ("262144", 262144)])
+def test_the_nodes_cpu_weight_comes_from_the_environment(monkeypatch, value, shares):
+    from gpuprov.lab.lab import Lab
+
+    if value is None:
+        monkeypatch.delenv("GPUPROV_LAB_CPU_SHARES", raising=False)
+    else:
+        monkeypatch.setenv("GPUPROV_LAB_CPU_SHARES", value)
+    assert Lab.cpu_shares() == shares
+
+
+@pytest.mark.parametrize("value", ["half", "1", "0", "-5", "262145", "1.5"])
+def test_a_cpu_weight_the_kernel_refuses_is_one_clear_error(monkeypatch, value):
+    from gpuprov.lab.lab import Lab
+
+    monkeypatch.setenv("GPUPROV_LAB_CPU_SHARES", value)
+    with pytest.raises(GpuprovError, match=r"GPUPROV_LAB_CPU_SHARES=.* is not a CPU weight: "
+                                           r"give a whole number from 2 to 262144"):
+        Lab.cpu_shares()
