@@ -35,9 +35,11 @@ REPO = Path(__file__).resolve().parents[2]
 # The session lab's tests are the suite's longest chain: they end the run, while the labs of
 # their own (OWN_LAB_MODULES, tests/conftest.py) end minutes before it. Where the CPUs are
 # short, those side labs yield: their nodes get half a container's default CPU weight
-# (GPUPROV_LAB_CPU_SHARES), and the worker that runs one lowers its own priority, which its
-# playbook runs, its emulator and the unit tests it takes up after inherit. Nothing is
-# starved: a side lab runs at full speed whenever the session lab leaves CPU free.
+# (GPUPROV_LAB_CPU_SHARES: podman gives each container a cpu cgroup of its own, where nice
+# does not reach), and the worker that runs one lowers its own priority, which its playbook
+# runs and the unit tests it takes up after inherit (its emulator starts a session of its
+# own, a scheduler autogroup of its own, so it is not lowered). Nothing is starved: a side
+# lab runs at full speed whenever the session lab leaves CPU free.
 SIDE_LAB_CPU_SHARES = 512
 SIDE_LAB_NICE = 3
 
