@@ -52,30 +52,21 @@ def temporary_lab(tmp_path_factory, name: str, *up_args: str,
     if shutil.which("podman") is None:
         pytest.fail("podman is missing: run `make deps` (the lab tests need it)")
     project = tmp_path_factory.mktemp(name)
-    settings = {
+    if side:
+        niceness = os.getpriority(os.PRIO_PROCESS, 0)
+        if niceness < SIDE_LAB_NICE:
+            os.nice(SIDE_LAB_NICE - niceness)
+    started = time.monotonic()
+    with pytest.MonkeyPatch.context() as env:
         # One package cache per lab of the suite (the machine's cache): the suite's labs run
         # side by side (pytest-xdist), and nodes of the same name in two labs would otherwise
         # share one /var/cache/apt/archives, whose lock makes the second apt fail at once.
-        "GPUPROV_LAB_APT_CACHE": str(CACHE / "apt-archives" / name),
-        "GPUPROV_LAB_CPU_SHARES": str(SIDE_LAB_CPU_SHARES) if side else None,
-    }
-    if side and os.getpriority(os.PRIO_PROCESS, 0) < SIDE_LAB_NICE:
-        os.nice(SIDE_LAB_NICE - os.getpriority(os.PRIO_PROCESS, 0))
-    saved = {key: os.environ.get(key) for key in settings}
-    for key, value in settings.items():
-        if value is None:
-            os.environ.pop(key, None)
+        env.setenv("GPUPROV_LAB_APT_CACHE", str(CACHE / "apt-archives" / name))
+        if side:
+            env.setenv("GPUPROV_LAB_CPU_SHARES", str(SIDE_LAB_CPU_SHARES))
         else:
-            os.environ[key] = value
-    started = time.monotonic()
-    try:
+            env.delenv("GPUPROV_LAB_CPU_SHARES", raising=False)
         assert main(["lab", "--dir", str(project), "up", *up_args]) == 0
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     record_setup(f"lab {name} up", time.monotonic() - started)
     yield Lab(project)
     if os.environ.get("GPUPROV_KEEP_LAB") != "1":
